@@ -1,0 +1,473 @@
+"""Why PPO computes its ratio in log space: the same clipped loss three ways, pushed until it breaks.
+
+The PPO paper writes the ratio as p / p_old; implementations compute exp(log p - log p_old) from
+`log_softmax`. This script computes the same clipped PPO loss for the same inputs three ways,
+
+  (a) direct-naive:   p = exp(z) / sum(exp(z)),            ratio = p / p_old   (the paper, as written)
+  (b) direct-softmax: p = jax.nn.softmax(z) (max removed), ratio = p / p_old   (overflow fixed)
+  (c) log-space:      logp = jax.nn.log_softmax(z),        ratio = exp(logp - logp_old)
+
+and holds each against a 50-digit mpmath reference, in float32 and in float64:
+
+  sweep 1  logits (m, 0) and old logits k * (m, 0) for m far into the hundreds, both signs: the first m
+           at which the loss and its gradient turn wrong or non-finite, next to where the float format
+           alone says the direct methods must break (an independent check);
+  sweep 2  the safe zone (small |m|): each method's error in ulps, with the mean, spread, sign and
+           neighbour correlation that tell a systematic error from a noisy one.
+
+Run it (about 15 s on a 2-core CPU); figures, CSVs and summary.json land in --out-dir:
+
+    python loss_stability.py
+    python loss_stability.py --out-dir docs/figures/loss_stability   # the copies the docs show
+
+What the figures show: docs/loss_stability.md
+"""
+
+import csv
+import dataclasses
+import functools
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import matplotlib
+
+matplotlib.use("Agg")  # write files, never open a window
+import matplotlib.pyplot as plt
+import mpmath
+import numpy as np
+import tyro
+
+
+@dataclasses.dataclass
+class Args:
+    out_dir: str = "runs/loss_stability"
+    """directory for the figures, the CSVs and summary.json (created if missing)"""
+    min_logit: float = -1000.0
+    """sweep 1: most negative logit magnitude m (the logits are (m, 0))"""
+    max_logit: float = 1000.0
+    """sweep 1: most positive logit magnitude m"""
+    num_points: int = 2001
+    """number of evenly spaced magnitudes in each sweep (sweep 1's default steps by 1)"""
+    safe_logit: float = 20.0
+    """sweep 2: the safe zone is m in [-safe_logit, safe_logit]"""
+    old_logit_ratio: float = 0.99
+    """old logits = old_logit_ratio * logits: the fixed ratio between them that the post's sweep keeps"""
+    clip_epsilon: float = 0.2
+    """PPO's clipping range: the ratio is clipped to [1 - eps, 1 + eps]"""
+    wrong_tolerance: float = 1e-3
+    """a loss or gradient counts as wrong once its relative error exceeds this"""
+
+
+# One state seen twice, both times taking action 0, the action whose logit is swept (the post's
+# (-750, 0) example). Advantages of both signs keep one sample on the unclipped side of PPO's min
+# whichever way the ratio moves, and |-2| > |1| keeps the loss away from zero, so that relative
+# errors mean something everywhere.
+ACTIONS = np.array([0, 0])
+ADVANTAGES = np.array([1.0, -2.0])
+DTYPES = (np.float32, np.float64)
+REFERENCE_DIGITS = 50
+
+
+# ---------------------------------------------------------------------------------------------------
+# The same clipped PPO loss, three ways. Only the ratio differs.
+# ---------------------------------------------------------------------------------------------------
+def clipped_surrogate_loss(ratio, advantages, clip_epsilon):
+    """PPO's L^CLIP as a loss to minimise: -mean(min(r A, clip(r, 1 - eps, 1 + eps) A))."""
+    clipped_ratio = jnp.clip(ratio, 1 - clip_epsilon, 1 + clip_epsilon)
+    return -jnp.mean(jnp.minimum(ratio * advantages, clipped_ratio * advantages))
+
+
+def at_actions(per_action, actions):
+    """The entry of each row that belongs to the action taken: [batch, num_actions] -> [batch]."""
+    return jnp.take_along_axis(per_action, actions[:, None], axis=-1)[:, 0]
+
+
+def loss_direct_naive(logits, old_logits, actions, advantages, clip_epsilon):
+    """(a) The paper as written: softmax from its definition, ratio = p / p_old."""
+
+    def naive_softmax(z):
+        exp_z = jnp.exp(z)
+        return exp_z / jnp.sum(exp_z, axis=-1, keepdims=True)
+
+    ratio = at_actions(naive_softmax(logits), actions) / at_actions(naive_softmax(old_logits), actions)
+    return clipped_surrogate_loss(ratio, advantages, clip_epsilon)
+
+
+def loss_direct_softmax(logits, old_logits, actions, advantages, clip_epsilon):
+    """(b) jax.nn.softmax subtracts max(z) first, so exp never overflows; tiny p still round to 0."""
+    ratio = at_actions(jax.nn.softmax(logits), actions) / at_actions(jax.nn.softmax(old_logits), actions)
+    return clipped_surrogate_loss(ratio, advantages, clip_epsilon)
+
+
+def loss_log_space(logits, old_logits, actions, advantages, clip_epsilon):
+    """(c) The blog's `policy_loss`: log-sum-exp inside log_softmax, ratio = exp(logp - logp_old)."""
+    log_probs, old_log_probs = jax.nn.log_softmax(logits), jax.nn.log_softmax(old_logits)
+    ratio = jnp.exp(at_actions(log_probs, actions) - at_actions(old_log_probs, actions))
+    return clipped_surrogate_loss(ratio, advantages, clip_epsilon)
+
+
+METHODS = {
+    "direct-naive": loss_direct_naive,
+    "direct-softmax": loss_direct_softmax,
+    "log-space": loss_log_space,
+}
+
+
+def sweep_inputs(magnitudes, old_logit_ratio, dtype):
+    """Logits (m, 0) for each magnitude, one row per sample, and old logits k * (m, 0), rounded to dtype."""
+    state = np.stack([magnitudes, np.zeros_like(magnitudes)], axis=-1)
+    logits = np.repeat(state[:, None, :], len(ACTIONS), axis=1)
+    return logits.astype(dtype), (old_logit_ratio * logits).astype(dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("method", "clip_epsilon"))
+def loss_and_grad_sweep(logits, old_logits, method, clip_epsilon):
+    """Loss and d loss / d logits (old logits are constants) at every sweep point, in the logits' dtype."""
+    value_and_grad = jax.value_and_grad(METHODS[method])
+    advantages = jnp.asarray(ADVANTAGES, logits.dtype)  # with x64 on, a float64 constant would promote float32
+
+    def one_point(point_logits, point_old_logits):
+        return value_and_grad(point_logits, point_old_logits, jnp.asarray(ACTIONS), advantages, clip_epsilon)
+
+    return jax.vmap(one_point)(logits, old_logits)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reference: the same loss at 50 digits from the exact float inputs, so that it measures how each
+# method computes, not how the inputs were rounded. The gradient is derived by hand, not autodiff:
+#   d ratio_i / d z_ij = ratio_i * (1[j = a_i] - p_ij), and PPO's min passes it on (times -A_i / batch)
+#   only where the unclipped term r A is the smaller one; clip is flat outside [1 - eps, 1 + eps].
+# ---------------------------------------------------------------------------------------------------
+def reference_loss_and_grad(logits, old_logits, actions, advantages, clip_low, clip_high):
+    """Loss (an mpf) and its gradient w.r.t. logits (float64) for one batch, at REFERENCE_DIGITS digits."""
+    batch_size = len(actions)
+    grad = np.zeros(np.shape(logits))
+    with mpmath.workdps(REFERENCE_DIGITS):
+        loss = mpmath.mpf(0)
+        for i, (action, advantage) in enumerate(zip(actions, advantages)):
+            z, z_old = ([mpmath.mpf(float(v)) for v in row] for row in (logits[i], old_logits[i]))
+            log_norm, log_norm_old = (mpmath.log(mpmath.fsum(map(mpmath.exp, row))) for row in (z, z_old))
+            ratio = mpmath.exp((z[action] - log_norm) - (z_old[action] - log_norm_old))
+            clipped_ratio = min(max(ratio, clip_low), clip_high)
+            loss -= min(ratio * advantage, clipped_ratio * advantage) / batch_size
+            if ratio * advantage <= clipped_ratio * advantage:
+                for j, z_j in enumerate(z):
+                    p_j = mpmath.exp(z_j - log_norm)
+                    grad[i, j] = float(-advantage / batch_size * ratio * ((j == action) - p_j))
+    return loss, grad
+
+
+def reference_sweep(logits, old_logits, clip_epsilon):
+    """Reference losses (mpf) and gradients (float64) at every sweep point, for inputs of one dtype."""
+    # The clip bounds as the float computation sees them: 1 -/+ eps rounded to the working dtype.
+    clip_low, clip_high = (mpmath.mpf(float(logits.dtype.type(1 + s * clip_epsilon))) for s in (-1, 1))
+    results = [
+        reference_loss_and_grad(z, z_old, ACTIONS, ADVANTAGES, clip_low, clip_high)
+        for z, z_old in zip(logits, old_logits)
+    ]
+    return [loss for loss, _ in results], np.stack([grad for _, grad in results])
+
+
+def loss_relative_errors(losses, reference, dtype):
+    """|loss - ref| / |ref| per point, from 50 digits; inf where the loss is not finite."""
+    floor = mpmath.mpf(float(np.finfo(dtype).tiny))  # no float of this dtype holds a smaller reference
+    return np.array([
+        float(abs(mpmath.mpf(float(x)) - ref) / max(abs(ref), floor)) if np.isfinite(x) else np.inf
+        for x, ref in zip(losses, reference)
+    ])
+
+
+def gradient_errors(grads, reference_grads):
+    """||g - g_ref|| / max(||g_ref||, ||A|| / batch) per point; inf where any entry is not finite.
+
+    ||A|| / batch is roughly the gradient's size while the ratio is near 1 and no probability saturates.
+    Below it, errors count in its units (like np.isclose's atol): an error of 1e-9 in a gradient of 1e-9
+    vanishes next to any ordinary sample's gradient; an error of 0.5 does not.
+    """
+    grads, reference_grads = (g.reshape(len(g), -1).astype(np.float64) for g in (grads, reference_grads))
+    ordinary_size = np.linalg.norm(ADVANTAGES) / len(ADVANTAGES)
+    errors = np.linalg.norm(grads - reference_grads, axis=-1)
+    errors /= np.maximum(np.linalg.norm(reference_grads, axis=-1), ordinary_size)
+    return np.where(np.all(np.isfinite(grads), axis=-1), errors, np.inf)
+
+
+def ulp_errors(losses, reference):
+    """(loss - ref) in units of the spacing of floats of the loss's dtype at ref, from 50 digits."""
+    spacing = np.spacing(np.array([abs(float(ref)) for ref in reference], dtype=losses.dtype))
+    return np.array([
+        float((mpmath.mpf(float(x)) - ref) / float(ulp)) for x, ref, ulp in zip(losses, reference, spacing)
+    ])
+
+
+def ulp_error_stats(ulps):
+    """Systematic error shows as a mean far from 0 with one sign; noise as mean ~ 0, mixed signs and
+    no correlation between neighbouring m (a smooth, predictable error has neighbours that agree)."""
+    neighbours = np.corrcoef(ulps[:-1], ulps[1:])[0, 1] if ulps.std() > 0 else 0.0
+    return {
+        "mean": float(ulps.mean()),
+        "std": float(ulps.std()),
+        "max_abs": float(np.abs(ulps).max()),
+        "share_positive": float((ulps > 0).mean()),
+        "share_negative": float((ulps < 0).mean()),
+        "neighbour_correlation": float(neighbours),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# Thresholds, and the independent check: where the float format alone says each method must break.
+# ---------------------------------------------------------------------------------------------------
+def first_break(magnitudes, broken):
+    """The m closest to zero on each side where `broken` holds: (negative side, positive side); None: never."""
+    negative, positive = magnitudes[(magnitudes < 0) & broken], magnitudes[(magnitudes > 0) & broken]
+    return (float(negative.max()) if negative.size else None, float(positive.min()) if positive.size else None)
+
+
+def exp_flushes_subnormals(dtype):
+    """Whether exp returns 0 rather than a subnormal here (XLA on CPU flushes denormals to zero)."""
+    just_below_normal = np.log(np.finfo(dtype).tiny) - 1
+    return float(jax.jit(jnp.exp)(jnp.asarray(just_below_normal, dtype))) == 0.0
+
+
+def predicted_breaks(dtype, old_logit_ratio, flushes_subnormals):
+    """Per method, the m (negative side, positive side) from which the loss may be wrong and at which it
+    must turn non-finite, from the float format alone (mpmath, no sweep).
+
+    Negative side: action 0's exp(m) (new) or exp(k m) (old) leaves the normal range; new p = 0 makes the
+    ratio 0 (finite, maybe wrong), old p = 0 makes it x / 0 or 0 / 0. Positive side, naive only: XLA computes
+    exp(z) / sum as exp(z) * (1 / sum), and 1 / sum underflows once sum > 1 / smallest, a little before
+    exp(m) itself overflows. Log space never forms a tiny p; its ratio, about exp((1 - k) m), can only
+    overflow, and only for k > 1.
+    """
+    info, k = np.finfo(dtype), mpmath.mpf(old_logit_ratio)
+    log_normal = mpmath.log(float(info.tiny))  # exp below this is subnormal (precision goes) or flushed
+    log_zero = log_normal if flushes_subnormals else mpmath.log(mpmath.mpf(float(info.smallest_subnormal)) / 2)
+    log_overflow = mpmath.log(float(info.max))
+    first_p_leaves_normal, old_p_is_zero = log_normal / max(k, 1), log_zero / k
+    naive_nonfinite = min(-log_zero / k, log_overflow / max(k, 1))
+    naive_wrong_from = min(-log_normal / max(k, 1), naive_nonfinite)
+    log_space_nonfinite = log_overflow / (1 - k) if k > 1 else None
+    sides = lambda negative, positive: tuple(None if m is None else float(m) for m in (negative, positive))
+    wrong_from_and_nonfinite = {  # per method: (negative side, positive side) for each
+        "direct-naive": (sides(first_p_leaves_normal, naive_wrong_from), sides(old_p_is_zero, naive_nonfinite)),
+        "direct-softmax": (sides(first_p_leaves_normal, None), sides(old_p_is_zero, None)),
+        "log-space": (sides(log_space_nonfinite, None), sides(log_space_nonfinite, None)),
+    }
+    return {m: {"wrong_from": w, "nonfinite": n} for m, (w, n) in wrong_from_and_nonfinite.items()}
+
+
+def matches_prediction(magnitudes, measured, predicted):
+    """Non-finite at the first grid point past the predicted m; wrong no closer to 0 than predicted."""
+
+    def on_grid(pair):
+        negative, positive = (side * np.inf if m is None else m for m, side in zip(pair, (-1, 1)))
+        return first_break(magnitudes, (magnitudes <= negative) | (magnitudes >= positive))
+
+    size = lambda m: np.inf if m is None else abs(m)
+    sides = zip(on_grid(predicted["wrong_from"]), measured["loss_wrong"], measured["loss_nonfinite"])
+    return measured["loss_nonfinite"] == on_grid(predicted["nonfinite"]) and all(
+        size(start) <= size(wrong) <= size(nonfinite) for start, wrong, nonfinite in sides
+    )
+
+
+# ---------------------------------------------------------------------------------------------------
+# The two sweeps, for one dtype
+# ---------------------------------------------------------------------------------------------------
+def large_sweep(args, magnitudes, dtype, predicted):
+    """Sweep 1: per method the loss, the relative errors of loss and gradient, and where they break."""
+    logits, old_logits = sweep_inputs(magnitudes, args.old_logit_ratio, dtype)
+    ref_losses, ref_grads = reference_sweep(logits, old_logits, args.clip_epsilon)
+    curves, thresholds = {"reference": {"loss": np.array([float(r) for r in ref_losses])}}, {}
+    for method in METHODS:
+        losses, grads = map(np.asarray, loss_and_grad_sweep(logits, old_logits, method, args.clip_epsilon))
+        assert losses.dtype == grads.dtype == dtype, "the sweep must compute in the dtype it reports"
+        loss_err = loss_relative_errors(losses, ref_losses, dtype)
+        grad_err = gradient_errors(grads, ref_grads)
+        curves[method] = {"loss": losses, "loss_rel_error": loss_err, "grad_error": grad_err}
+        measured = {
+            "loss_wrong": first_break(magnitudes, loss_err > args.wrong_tolerance),  # non-finite: error inf
+            "loss_nonfinite": first_break(magnitudes, ~np.isfinite(losses)),
+            "grad_wrong": first_break(magnitudes, grad_err > args.wrong_tolerance),
+            "grad_nonfinite": first_break(magnitudes, ~np.all(np.isfinite(grads), axis=(1, 2))),
+        }
+        measured["matches_prediction"] = matches_prediction(magnitudes, measured, predicted[method])
+        thresholds[method] = {**measured, "predicted": predicted[method]}
+    return curves, thresholds
+
+
+def safe_sweep(args, magnitudes, dtype):
+    """Sweep 2: per method the loss error in ulps of the reference, and its statistics."""
+    logits, old_logits = sweep_inputs(magnitudes, args.old_logit_ratio, dtype)
+    ref_losses, _ = reference_sweep(logits, old_logits, args.clip_epsilon)
+    curves, stats = {}, {}
+    for method in METHODS:
+        losses, _ = loss_and_grad_sweep(logits, old_logits, method, args.clip_epsilon)
+        curves[method] = {"ulp_error": ulp_errors(np.asarray(losses), ref_losses)}
+        stats[method] = ulp_error_stats(curves[method]["ulp_error"])
+    return curves, stats
+
+
+# ---------------------------------------------------------------------------------------------------
+# Outputs: figures, CSVs, terminal tables
+# ---------------------------------------------------------------------------------------------------
+COLORS = {"direct-naive": "tab:red", "direct-softmax": "tab:orange", "log-space": "tab:blue"}
+
+
+def plot_large_sweep(path, magnitudes, curves, error_key, ylabel, tolerance, thresholds):
+    """One error curve per method along sweep 1 (the loss's or the gradient's), one panel per dtype."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, (name, per_method) in zip(axes, curves.items()):
+        for row, method in enumerate(METHODS):
+            errors = per_method[method][error_key]
+            finite = np.isfinite(errors)
+            # Exact results sit on a floor so that the log scale can draw them; non-finite ones become
+            # crosses high above the data, one row per method so that none hides another.
+            color = COLORS[method]
+            ax.plot(magnitudes[finite], np.maximum(errors[finite], 1e-19), ".", ms=2, color=color, label=method)
+            ax.plot(magnitudes[~finite], np.full((~finite).sum(), 10.0 ** (6 - row)), "x", ms=3, color=color)
+        for m in {m for t in thresholds[name].values() for m in t["predicted"]["nonfinite"] if m is not None}:
+            ax.axvline(m, color="gray", ls=":", lw=1)
+        ax.axhline(tolerance, color="black", ls="--", lw=0.8, label=f"wrong: error > {tolerance:g}")
+        ax.set(yscale="log", xlabel="logit magnitude m  (logits (m, 0))",
+               title=f"{name}   x: non-finite   dotted: predicted non-finite")
+        ax.text(0.01, 0.02, "error 0 drawn at 1e-19", transform=ax.transAxes, fontsize=7)
+    axes[0].set_ylabel(ylabel)
+    axes[0].legend(loc="center right", fontsize=8, markerscale=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def plot_safe_zone(path, magnitudes, curves, stats):
+    """Loss error in ulps along sweep 2, one panel per dtype, mean and spread in the legend."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, (name, per_method) in zip(axes, curves.items()):
+        for method in METHODS:
+            s = stats[name][method]
+            label = f"{method}: mean {s['mean']:+.2f}, std {s['std']:.2f}"
+            ax.plot(magnitudes, per_method[method]["ulp_error"], ".", ms=2, color=COLORS[method], label=label)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set(title=name, xlabel="logit magnitude m  (logits (m, 0))", ylabel="loss - reference  (ulps)")
+        ax.legend(fontsize=8, markerscale=4)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def write_csv(path, magnitudes, curves):
+    """One row per magnitude, one column per dtype/method/quantity."""
+    columns = {"m": magnitudes}
+    for name, per_method in curves.items():
+        for method, quantities in per_method.items():
+            columns.update({f"{name}/{method}/{q}": values for q, values in quantities.items()})
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        writer.writerows(zip(*(["%.6g" % v for v in values] for values in columns.values())))
+
+
+def print_tables(args, step, thresholds, stats, flushes):
+    """The two short tables the run ends with: where each method breaks, and its safe-zone error."""
+    pair = lambda p, fmt="{:+g}": " / ".join("-" if m is None else fmt.format(m) for m in p)
+    print(f"Sweep 1: first m at which each method breaks (negative side / positive side); logits (m, 0), "
+          f"old logits {args.old_logit_ratio:g} * (m, 0), m from {args.min_logit:g} to {args.max_logit:g} "
+          f"by {step:g}")
+    row = "{:<15}{:<9}{:<16}{:<17}{:<19}{:<7}{:<16}{}"
+    print(row.format("method", "dtype", "loss wrong", "loss non-finite", "predicted", "check", "grad wrong",
+                     "grad non-finite"))
+    for name, per_method in thresholds.items():
+        for method, t in per_method.items():
+            check = "ok" if t["matches_prediction"] else "MISS"
+            print(row.format(method, name, pair(t["loss_wrong"]), pair(t["loss_nonfinite"]),
+                             pair(t["predicted"]["nonfinite"], "{:+.2f}"), check,
+                             pair(t["grad_wrong"]), pair(t["grad_nonfinite"])))
+    print("predicted: non-finite m from the float format alone; exp flushes subnormals to zero here: "
+          + ", ".join(f"{name} {'yes' if f else 'no'}" for name, f in flushes.items()))
+    print(f"\nSweep 2: loss error in ulps of the reference, m from {-args.safe_logit:g} to "
+          f"{args.safe_logit:g}, {args.num_points} points")
+    row = "{:<15}{:<9}{:>7}{:>7}{:>10}{:>7}{:>7}{:>16}"
+    print(row.format("method", "dtype", "mean", "std", "max|err|", "> 0", "< 0", "neighbour corr"))
+    for name, per_method in stats.items():
+        for method, s in per_method.items():
+            print(row.format(method, name, f"{s['mean']:+.2f}", f"{s['std']:.2f}", f"{s['max_abs']:.2f}",
+                             f"{s['share_positive']:.0%}", f"{s['share_negative']:.0%}",
+                             f"{s['neighbour_correlation']:.2f}"))
+
+
+# ---------------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------------
+def argument_problem(args):
+    """The first thing wrong with args as one line, or None. Runs before any work and any write."""
+    if not -np.inf < args.min_logit < args.max_logit < np.inf:
+        return f"--min-logit ({args.min_logit:g}) must be below --max-logit ({args.max_logit:g}), both finite"
+    if args.num_points < 2:
+        return f"--num-points must be at least 2, got {args.num_points}"
+    must_be_positive = {
+        "safe-logit": args.safe_logit,
+        "old-logit-ratio": args.old_logit_ratio,
+        "wrong-tolerance": args.wrong_tolerance,
+    }
+    for flag, value in must_be_positive.items():
+        if not 0 < value < np.inf:
+            return f"--{flag} must be positive and finite, got {value:g}"
+    if not 0 < args.clip_epsilon < 1:
+        return f"--clip-epsilon must be between 0 and 1, got {args.clip_epsilon:g}"
+    existing = os.path.abspath(args.out_dir)
+    while not os.path.exists(existing):  # the nearest existing ancestor decides whether we can create it
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"--out-dir {args.out_dir}: {existing} is a file, not a directory"
+    if not os.access(existing, os.W_OK):
+        return f"--out-dir {args.out_dir}: {existing} is not writable"
+    return None
+
+
+def main():
+    args = tyro.cli(Args)
+    problem = argument_problem(args)
+    if problem is None:
+        try:
+            os.makedirs(args.out_dir, exist_ok=True)
+        except OSError as error:
+            problem = f"--out-dir {args.out_dir}: {error.strerror}"
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    jax.config.update("jax_enable_x64", True)  # float64 next to float32: every array is cast explicitly
+
+    magnitudes = np.linspace(args.min_logit, args.max_logit, args.num_points)
+    # Same number of points in both sweeps: same array shapes, so each method compiles once per dtype.
+    safe_magnitudes = np.linspace(-args.safe_logit, args.safe_logit, args.num_points)
+    large_curves, thresholds, safe_curves, safe_stats, flushes = {}, {}, {}, {}, {}
+    for dtype in DTYPES:
+        name = np.dtype(dtype).name
+        flushes[name] = exp_flushes_subnormals(dtype)
+        predicted = predicted_breaks(dtype, args.old_logit_ratio, flushes[name])
+        large_curves[name], thresholds[name] = large_sweep(args, magnitudes, dtype, predicted)
+        safe_curves[name], safe_stats[name] = safe_sweep(args, safe_magnitudes, dtype)
+
+    out = lambda filename: os.path.join(args.out_dir, filename)
+    for filename, error_key, ylabel in [
+        ("loss_sweep.png", "loss_rel_error", "relative error of the loss"),
+        ("gradient_sweep.png", "grad_error", "gradient error / max(|ref|, ||A|| / batch)"),
+    ]:
+        plot_large_sweep(
+            out(filename), magnitudes, large_curves, error_key, ylabel, args.wrong_tolerance, thresholds
+        )
+    plot_safe_zone(out("safe_zone_ulps.png"), safe_magnitudes, safe_curves, safe_stats)
+    write_csv(out("sweep_large.csv"), magnitudes, large_curves)
+    write_csv(out("sweep_safe.csv"), safe_magnitudes, safe_curves)
+    summary = {"args": dataclasses.asdict(args), "exp_flushes_subnormals": flushes, "thresholds": thresholds,
+               "safe_zone_ulp_error": safe_stats}
+    with open(out("summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    print_tables(args, magnitudes[1] - magnitudes[0], thresholds, safe_stats, flushes)
+    print(f"\nwrote loss_sweep.png, gradient_sweep.png, safe_zone_ulps.png, sweep_large.csv, sweep_safe.csv, "
+          f"summary.json to {args.out_dir}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""loss_stability.py: the three losses agree where they should and break where the float format says
+they must; the log-space loss is rlax's; the hand-derived reference gradient is autodiff's; the script
+runs the way a user runs it and turns bad arguments away."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import mpmath
+import numpy as np
+import pytest
+import rlax
+
+import loss_stability as ls
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIGURES = ["gradient_sweep.png", "loss_sweep.png", "safe_zone_ulps.png"]
+OUTPUT_FILES = sorted(FIGURES + ["summary.json", "sweep_large.csv", "sweep_safe.csv"])
+
+
+@pytest.fixture(autouse=True)
+def float64_available():
+    """The study puts float32 and float64 side by side, as the script does once its args are parsed."""
+    with jax.enable_x64(True):
+        yield
+
+
+def random_batch(seed, batch_size=64, num_actions=4):
+    """Moderate logits, old logits far enough away that many ratios leave [0.8, 1.2], both advantage signs."""
+    rng = np.random.default_rng(seed)
+    logits = 3.0 * rng.standard_normal((batch_size, num_actions))
+    old_logits = logits + 0.5 * rng.standard_normal((batch_size, num_actions))
+    return logits, old_logits, rng.integers(0, num_actions, batch_size), rng.standard_normal(batch_size)
+
+
+@pytest.mark.parametrize("dtype, rtol", [(np.float32, 1e-5), (np.float64, 1e-13)])
+def test_methods_agree_with_reference_in_safe_zone(dtype, rtol):
+    logits, old_logits = ls.sweep_inputs(np.linspace(-20, 20, 41), 0.99, dtype)
+    reference, reference_grads = ls.reference_sweep(logits, old_logits, 0.2)
+    for method in ls.METHODS:
+        losses, grads = map(np.asarray, ls.loss_and_grad_sweep(logits, old_logits, method, 0.2))
+        assert losses.dtype == grads.dtype == dtype  # float32 really computed in float32
+        np.testing.assert_allclose(losses, [float(r) for r in reference], rtol=rtol, err_msg=method)
+        # Saturated gradients (1 - p cancels) are tiny and only absolutely right.
+        np.testing.assert_allclose(grads, reference_grads, rtol=1e-3, atol=rtol, err_msg=method)
+
+
+@pytest.mark.parametrize("dtype, inside, beyond", [(np.float32, 80.0, 120.0), (np.float64, 700.0, 800.0)])
+def test_direct_methods_break_beyond_underflow_while_log_space_holds(dtype, inside, beyond):
+    magnitudes = np.array([-beyond, -inside, inside, beyond])
+    logits, old_logits = ls.sweep_inputs(magnitudes, 0.99, dtype)
+    reference, reference_grads = ls.reference_sweep(logits, old_logits, 0.2)
+    finite = {}
+    for method in ls.METHODS:
+        losses, grads = map(np.asarray, ls.loss_and_grad_sweep(logits, old_logits, method, 0.2))
+        finite[method] = np.isfinite(losses).tolist()
+        assert np.all(np.isfinite(grads[finite[method]])), method
+    assert finite["direct-naive"] == [False, True, True, False]  # underflow below; 1 / sum, then exp above
+    assert finite["direct-softmax"] == [False, True, True, True]  # max subtracted: only underflow left
+    assert finite["log-space"] == [True, True, True, True]
+    losses, grads = ls.loss_and_grad_sweep(logits, old_logits, "log-space", 0.2)
+    np.testing.assert_allclose(losses, [float(r) for r in reference], rtol=10 * np.finfo(dtype).eps)
+    np.testing.assert_allclose(grads, reference_grads, rtol=1e-3, atol=10 * np.finfo(dtype).eps)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sweep_thresholds_agree_with_float_format(dtype):
+    # Independently of the script's prediction: exp(x) is 0 below log(smallest), so the old probability
+    # exp(0.99 m) / (exp(0.99 m) + 1) is 0 from m = log(smallest) / 0.99 on: p / 0 or 0 / 0. The naive
+    # softmax multiplies by 1 / sum, which is 0 once sum > 1 / smallest, unless exp(m) overflows first.
+    flushes = ls.exp_flushes_subnormals(dtype)
+    info = np.finfo(dtype)
+    log_zero = math.log(info.tiny) if flushes else math.log(info.smallest_subnormal) - math.log(2)
+    negative, positive = log_zero / 0.99, min(-log_zero / 0.99, math.log(info.max))
+    # A coarse grid, refined to steps of 0.05 around both breaks.
+    fine = [np.round(np.arange(-3, 3, 0.05) + round(x, 1), 2) for x in (negative, positive)]
+    magnitudes = np.unique(np.concatenate([np.linspace(-1000, 1000, 201), *fine]))
+
+    args = ls.Args()
+    predicted = ls.predicted_breaks(dtype, args.old_logit_ratio, flushes)
+    _, thresholds = ls.large_sweep(args, magnitudes, dtype, predicted)
+    first_past = (magnitudes[magnitudes <= negative].max(), magnitudes[magnitudes >= positive].min())
+    assert thresholds["direct-naive"]["loss_nonfinite"] == first_past
+    assert thresholds["direct-softmax"]["loss_nonfinite"] == (first_past[0], None)
+    assert thresholds["log-space"]["loss_nonfinite"] == (None, None)
+    assert thresholds["log-space"]["loss_wrong"] == (None, None)
+    assert thresholds["log-space"]["grad_nonfinite"] == (None, None)
+    assert all(t["matches_prediction"] for t in thresholds.values())
+    if dtype is np.float32:  # far earlier than the post's float64 example at -750
+        assert -95 < negative < -85 if flushes else -110 < negative < -100
+
+
+def test_predicted_thresholds_with_gradual_underflow():
+    # Where subnormals are kept (numpy, the post's plots), exp reaches 0 at log(2^-150) and log(2^-1075).
+    for dtype, log_zero in [(np.float32, -150 * math.log(2)), (np.float64, -1075 * math.log(2))]:
+        predicted = ls.predicted_breaks(dtype, 0.99, flushes_subnormals=False)
+        assert predicted["direct-softmax"]["nonfinite"][0] == pytest.approx(log_zero / 0.99, rel=1e-12)
+        log_overflow = math.log(np.finfo(dtype).max)
+        assert predicted["direct-naive"]["nonfinite"][1] == pytest.approx(log_overflow, rel=1e-12)
+
+
+def test_log_space_loss_is_rlax_clipped_surrogate():
+    logits, old_logits, actions, advantages = random_batch(seed=0)
+
+    def rlax_loss(logits):
+        log_probs, old_log_probs = jax.nn.log_softmax(logits), jax.nn.log_softmax(old_logits)
+        ratio = jnp.exp(ls.at_actions(log_probs, actions) - ls.at_actions(old_log_probs, actions))
+        return rlax.clipped_surrogate_pg_loss(ratio, advantages, 0.2)
+
+    ours, our_grad = jax.jit(jax.value_and_grad(ls.loss_log_space), static_argnums=4)(
+        logits, old_logits, actions, advantages, 0.2
+    )
+    theirs, their_grad = jax.jit(jax.value_and_grad(rlax_loss))(logits)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-14)
+    np.testing.assert_allclose(our_grad, their_grad, rtol=1e-12, atol=1e-15)
+
+
+def test_reference_gradient_is_autodiff_of_log_space_float64():
+    logits, old_logits, actions, advantages = random_batch(seed=1)
+    clip_low, clip_high = (mpmath.mpf(float(np.float64(1 + s * 0.2))) for s in (-1, 1))
+    loss, grad = ls.reference_loss_and_grad(logits, old_logits, actions, advantages, clip_low, clip_high)
+    jax_loss, jax_grad = jax.jit(jax.value_and_grad(ls.loss_log_space), static_argnums=4)(
+        logits, old_logits, actions, advantages, 0.2
+    )
+    np.testing.assert_allclose(float(loss), jax_loss, rtol=1e-13)
+    np.testing.assert_allclose(grad, jax_grad, rtol=1e-10, atol=1e-15)
+    clipped_rows = np.all(grad == 0, axis=-1)
+    assert 0 < clipped_rows.sum() < len(grad)  # both branches of PPO's min are exercised
+
+
+def test_ulp_stats_tell_systematic_from_noisy():
+    systematic = ls.ulp_error_stats(np.full(100, 2.0) + np.linspace(0, 0.1, 100))
+    noisy = ls.ulp_error_stats(np.tile([1.0, -1.0], 50))
+    assert systematic["mean"] > 1 and systematic["share_positive"] == 1
+    assert systematic["neighbour_correlation"] > 0.9
+    assert noisy["mean"] == 0 and noisy["share_positive"] == 0.5 and noisy["neighbour_correlation"] < -0.9
+
+
+def test_argument_problems_are_one_line():
+    assert ls.argument_problem(ls.Args(out_dir="runs/does/not/exist/yet")) is None
+    for bad in [
+        ls.Args(min_logit=1.0, max_logit=-1.0),
+        ls.Args(num_points=1),
+        ls.Args(safe_logit=0.0),
+        ls.Args(old_logit_ratio=-1.0),
+        ls.Args(clip_epsilon=1.0),
+        ls.Args(wrong_tolerance=0.0),
+    ]:
+        problem = ls.argument_problem(bad)
+        assert problem and "\n" not in problem and problem.startswith("--")
+
+
+def run_script(*flags):
+    command = [sys.executable, "loss_stability.py", *flags]
+    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_script_runs_and_writes_its_files(tmp_path):
+    out_dir = tmp_path / "out"
+    result = run_script("--out-dir", str(out_dir), "--num-points", "201")
+    assert result.returncode == 0, result.stderr
+    assert sorted(os.listdir(out_dir)) == OUTPUT_FILES
+    for figure in FIGURES:
+        data = (out_dir / figure).read_bytes()
+        assert data.startswith(b"\x89PNG") and 10_000 < len(data) < 200_000
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["args"]["num_points"] == 201
+    for per_method in summary["thresholds"].values():
+        assert all(t["matches_prediction"] for t in per_method.values())
+        assert per_method["log-space"]["loss_nonfinite"] == [None, None]
+    assert set(summary["safe_zone_ulp_error"]["float32"]) == set(ls.METHODS)
+    assert len((out_dir / "sweep_large.csv").read_text().splitlines()) == 1 + 201
+    assert len((out_dir / "sweep_safe.csv").read_text().splitlines()) == 1 + 201
+    for method in ls.METHODS:
+        assert f"{method:<15}float32" in result.stdout and f"{method:<15}float64" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--min-logit", "5", "--max-logit", "5"], "must be below --max-logit"),
+        (["--num-points", "0"], "--num-points must be at least 2"),
+        (["--out-dir", "{blocker}/figures"], "is a file, not a directory"),
+    ],
+)
+def test_bad_args_exit_2_with_one_error_line_and_write_nothing(tmp_path, monkeypatch, capsys, flags, message):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a regular file where a directory would have to be")
+    flags = [flag.format(blocker=blocker) for flag in flags]
+    if "--out-dir" not in flags:
+        flags += ["--out-dir", str(tmp_path / "out")]
+    monkeypatch.setattr(sys, "argv", ["loss_stability.py", *flags])
+    with pytest.raises(SystemExit) as exit_info:
+        ls.main()
+    assert exit_info.value.code == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], captured.err
+    assert sorted(os.listdir(tmp_path)) == ["blocker"] and captured.out == ""
+
+
+def test_unwritable_out_dir_exits_2_from_the_shell(tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("")
+    result = run_script("--out-dir", str(blocker / "figures"))
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip() == f"error: --out-dir {blocker}/figures: {blocker} is a file, not a directory"

@@ -1,0 +1,302 @@
+"""Tests of ppo_breakout.py: its pieces against references, and the script run the way a user runs it."""
+
+import functools
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import gymnax
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import rlax
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import ppo_breakout as ppo
+from probe_envs import ProbeEnv
+from utils.evaluation import evaluate
+
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ppo_breakout.py")
+
+
+def derived(args: ppo.Args) -> ppo.Args:
+    args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // args.batch_size
+    return args
+
+
+def run_script(tmp_path, *flags, timeout=600):
+    return subprocess.run([sys.executable, SCRIPT, *flags], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+# ------------------------------------------------------------------------------------------------
+# GAE with gymnax 1.0's terminated / truncated endings
+# ------------------------------------------------------------------------------------------------
+def reference_gae(rewards, values, last_value, final_values, terminated, truncated, gamma, lam):
+    """Plain-Python GAE for one environment, written from the definitions."""
+    num_steps = len(rewards)
+    advantages = [0.0] * num_steps
+    next_advantage = 0.0
+    for t in reversed(range(num_steps)):
+        if terminated[t]:
+            next_value, continues = 0.0, False
+        elif truncated[t]:
+            next_value, continues = final_values[t], False
+        else:
+            next_value = values[t + 1] if t + 1 < num_steps else last_value
+            continues = True
+        delta = rewards[t] + gamma * next_value - values[t]
+        next_advantage = delta + (gamma * lam * next_advantage if continues else 0.0)
+        advantages[t] = next_advantage
+    return np.array(advantages)
+
+
+def test_gae_matches_reference_on_terminated_and_truncated_episodes():
+    rng = np.random.default_rng(0)
+    num_steps, num_envs, gamma, lam = 7, 3, 0.9, 0.8
+    terminated = np.zeros((num_steps, num_envs), bool)
+    truncated = np.zeros((num_steps, num_envs), bool)
+    terminated[2, 0] = True  # env 0: an episode that ends for good
+    truncated[4, 1] = True  # env 1: an episode cut by the time limit
+    terminated[1, 2] = truncated[5, 2] = True  # env 2: both kinds
+    terminated[3, 2] = truncated[3, 2] = True  # ... and both on one step: termination wins
+    rewards = rng.normal(size=(num_steps, num_envs)).astype(np.float32)
+    values = rng.normal(size=(num_steps, num_envs)).astype(np.float32)
+    final_values = rng.normal(size=(num_steps, num_envs)).astype(np.float32)
+    last_value = rng.normal(size=num_envs).astype(np.float32)
+    traj = ppo.Transition(obs=None, action=None, logits=None, value=jnp.asarray(values),
+                          reward=jnp.asarray(rewards), terminated=jnp.asarray(terminated),
+                          truncated=jnp.asarray(truncated), final_obs=None, episode_return=None,
+                          episode_length=None)
+
+    advantages, targets = ppo.calculate_gae(traj, jnp.asarray(final_values), jnp.asarray(last_value),
+                                            gamma, lam)
+
+    for env in range(num_envs):
+        expected = reference_gae(rewards[:, env], values[:, env], last_value[env],
+                                 final_values[:, env], terminated[:, env], truncated[:, env], gamma, lam)
+        np.testing.assert_allclose(advantages[:, env], expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(targets, advantages + values, rtol=1e-6)
+    # The truncated step bootstraps from v(final_obs): changing it changes that step's advantage.
+    shifted = ppo.calculate_gae(traj, jnp.asarray(final_values) + 1.0, jnp.asarray(last_value), gamma, lam)[0]
+    assert np.isclose(shifted[4, 1] - advantages[4, 1], gamma, atol=1e-5)
+    assert np.isclose(shifted[2, 0], advantages[2, 0])  # terminated: v(final_obs) is not used
+
+
+# ------------------------------------------------------------------------------------------------
+# The clipped surrogate loss in log space
+# ------------------------------------------------------------------------------------------------
+def test_policy_loss_matches_rlax_fed_with_probability_ratios():
+    key_new, key_old, key_act, key_adv = jax.random.split(jax.random.key(0), 4)
+    logits = 3.0 * jax.random.normal(key_new, (512, 3))
+    old_logits = logits + 0.3 * jax.random.normal(key_old, (512, 3))  # some ratios fall outside the clip
+    actions = jax.random.randint(key_act, (512,), 0, 3)
+    advantages = jax.random.normal(key_adv, (512,))
+
+    loss, log_ratio = ppo.policy_loss(logits, old_logits, actions, advantages, 0.2)
+
+    # Probabilities divided directly, in float64 numpy: the paper's r = pi / pi_old.
+    def softmax64(z):
+        z = np.asarray(z, np.float64)
+        e = np.exp(z - z.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+    rows = np.arange(512)
+    ratio = softmax64(logits)[rows, actions] / softmax64(old_logits)[rows, actions]
+    assert 0.0 < np.mean(np.abs(ratio - 1) > 0.2) < 1.0
+    np.testing.assert_allclose(np.exp(log_ratio), ratio, rtol=1e-5)
+    expected = rlax.clipped_surrogate_pg_loss(jnp.asarray(ratio, jnp.float32), advantages, 0.2)
+    np.testing.assert_allclose(loss, expected, rtol=1e-5)
+    direct = -np.mean(np.minimum(ratio * advantages, np.clip(ratio, 0.8, 1.2) * advantages))
+    np.testing.assert_allclose(loss, direct, rtol=1e-5)
+
+
+def test_policy_loss_stays_finite_where_dividing_probabilities_fails():
+    logits = jnp.array([[-200.0, 0.0, 0.0]])
+    old_logits = jnp.array([[-201.0, 0.0, 0.0]])  # pi(a=0) underflows to 0 in float32 in both
+    actions, advantages = jnp.array([0]), jnp.array([1.0])
+    direct_ratio = jax.nn.softmax(logits)[0, 0] / jax.nn.softmax(old_logits)[0, 0]
+    assert not jnp.isfinite(direct_ratio)  # 0 / 0
+
+    loss, log_ratio = ppo.policy_loss(logits, old_logits, actions, advantages, 0.2)
+    grads = jax.grad(lambda z: ppo.policy_loss(z, old_logits, actions, advantages, 0.2)[0])(logits)
+    np.testing.assert_allclose(log_ratio, [1.0], rtol=1e-4)  # log(e^-200 / e^-201)
+    np.testing.assert_allclose(loss, -1.2, rtol=1e-6)  # ratio e > 1 + eps: clipped
+    assert jnp.all(jnp.isfinite(grads))
+
+
+def test_value_loss_clipping_is_pessimistic():
+    targets, old = jnp.array([1.0, 1.0]), jnp.array([0.0, 0.0])
+    values = jnp.array([0.5, 2.0])  # the first moved more than the clip towards the target
+    assert np.isclose(ppo.value_loss(values, old, targets, 0.2, clip_vloss=False), 0.5 * (0.25 + 1.0) / 2)
+    # Clipped: max((0.5-1)^2, (0.2-1)^2) = 0.64; max((2-1)^2, (0.2-1)^2) = 1.
+    assert np.isclose(ppo.value_loss(values, old, targets, 0.2, clip_vloss=True), 0.5 * (0.64 + 1.0) / 2)
+
+
+# ------------------------------------------------------------------------------------------------
+# Rollout bookkeeping and evaluation, on a probe environment with known answers
+# ------------------------------------------------------------------------------------------------
+def always_action_one(obs):
+    return jnp.tile(jnp.array([-20.0, 20.0]), (obs.shape[0], 1)), jnp.zeros(obs.shape[0])
+
+
+def test_rollout_records_only_completed_episodes_and_the_pre_reset_observation():
+    env, env_params = ProbeEnv(), ProbeEnv().default_params  # episodes of 2 or 3 steps, or 4 (truncated)
+    network = hk.without_apply_rng(hk.transform(always_action_one))
+    num_envs, num_steps = 16, 12
+    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(jax.random.key(1), num_envs), env_params)
+    runner = ppo.RunnerState(params={}, opt_state=None, env_state=env_state, obs=obs,
+                             episode_return=jnp.zeros(num_envs), episode_length=jnp.zeros(num_envs, jnp.int32),
+                             key=jax.random.key(2))
+
+    _, traj = ppo.collect_trajectories(runner, env, env_params, network, num_steps)
+
+    done = np.asarray(traj.terminated | traj.truncated)
+    lengths, returns = np.asarray(traj.episode_length), np.asarray(traj.episode_return)
+    assert np.all(lengths[~done] == 0) and np.all(returns[~done] == 0)
+    assert set(lengths[done]) <= {2, 3, 4} and np.array_equal(returns[done], lengths[done])
+    assert np.all(lengths[np.asarray(traj.truncated)] == 4)
+    assert np.all(np.asarray(traj.terminated)[lengths == 4] == False)  # noqa: E712 (the time limit, not the game)
+    # final_obs is the observation reached (time = length), not the reset one (time = 0).
+    np.testing.assert_allclose(np.asarray(traj.final_obs)[done][:, 0], lengths[done] / 10.0, rtol=1e-6)
+    assert np.all(np.asarray(traj.obs)[1:][done[:-1]][:, 0] == 0.0)  # the next step starts from a reset
+
+
+def test_evaluate_counts_complete_episodes_with_known_returns():
+    env = ProbeEnv()
+    policy = lambda params, obs: jnp.tile(params, (obs.shape[0], 1))  # noqa: E731
+    greedy_one = jnp.array([0.0, 10.0])
+    result = evaluate(jax.random.key(0), greedy_one, True, env=env, env_params=env.default_params,
+                      policy_apply=policy, num_episodes=64, max_steps=10)
+    assert result.finished.all()
+    assert set(np.asarray(result.lengths)) == {2, 3, 4}  # horizon 6 is cut by the 4-step limit
+    np.testing.assert_array_equal(result.returns, result.lengths)  # nothing after the auto-reset counts
+
+    # Uniform sampling (the logits are ignored only when greedy): about half the steps pay 1.
+    sampled = evaluate(jax.random.key(0), greedy_one * 0.0, False, env=env, env_params=env.default_params,
+                       policy_apply=policy, num_episodes=256, max_steps=10)
+    assert abs(float(sampled.returns.sum() / sampled.lengths.sum()) - 0.5) < 0.1
+
+    # Stopped before the longer episodes end: those are reported as unfinished, never as done.
+    cut = evaluate(jax.random.key(0), greedy_one, True, env=env, env_params=env.default_params,
+                   policy_apply=policy, num_episodes=64, max_steps=2)
+    assert np.all(np.asarray(cut.lengths) == 2)
+    assert 0 < int(cut.finished.sum()) < 64
+
+
+# ------------------------------------------------------------------------------------------------
+# Learning: a probe with a known optimum, then Breakout against the random policy
+# ------------------------------------------------------------------------------------------------
+def test_update_step_learns_the_probe_optimum_and_bootstraps_through_truncation():
+    # Horizon 100 never comes: every episode is truncated at 4 steps, so nothing ever terminates and
+    # the true value of every state under the optimal policy (always action 1) is 1 / (1 - gamma) = 2.
+    # Treating truncation as termination would instead teach values between 1 and 1.875.
+    env = ProbeEnv(horizons=(100,))
+    env_params = env.default_params
+    args = derived(ppo.Args(num_envs=16, num_steps=16, num_minibatches=4, update_epochs=4, gamma=0.5,
+                            learning_rate=3e-3, total_timesteps=16 * 16 * 150, ent_coef=0.0,
+                            clip_vloss=False))
+    network = hk.without_apply_rng(hk.transform(functools.partial(ppo.actor_critic, num_actions=2)))
+    optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.adam(args.learning_rate))
+    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(jax.random.key(0), 16), env_params)
+    params = network.init(jax.random.key(1), obs)
+    runner = ppo.RunnerState(params=params, opt_state=optimizer.init(params), env_state=env_state,
+                             obs=obs, episode_return=jnp.zeros(16), episode_length=jnp.zeros(16, jnp.int32),
+                             key=jax.random.key(2))
+    update_step = jax.jit(ppo.make_update_step(args, env, env_params, network, optimizer))
+    for _ in range(args.num_iterations):
+        runner, _ = update_step(runner)
+
+    probe_obs = jnp.array([[t / 10.0, 1.0] for t in range(4)])
+    logits, values = network.apply(runner.params, probe_obs)
+    assert np.all(jax.nn.softmax(logits)[:, 1] > 0.95)
+    np.testing.assert_allclose(values, 2.0, atol=0.15)
+
+
+def random_policy_return(env_id: str, episodes: int = 256) -> float:
+    env, env_params = gymnax.make(env_id)
+    uniform = lambda params, obs: jnp.zeros((obs.shape[0], env.num_actions))  # noqa: E731
+    result = evaluate(jax.random.key(0), None, False, env=env, env_params=env_params, policy_apply=uniform,
+                      num_episodes=episodes, max_steps=env_params.max_steps_in_episode + 1)
+    return float(result.returns.mean())
+
+
+def test_short_breakout_run_beats_the_random_policy(tmp_path):
+    result = run_script(tmp_path, "--total-timesteps", "250000", "--eval-episodes", "64")
+    assert result.returncode == 0, result.stderr
+    summary = json.load(open(glob.glob(str(tmp_path / "runs" / "*" / "summary.json"))[0]))
+    random_return = random_policy_return("Breakout-MinAtar")
+    trained = summary["eval"]["sampled"]["mean"]
+    assert trained > 3 * random_return + 2, (trained, random_return)
+
+
+# ------------------------------------------------------------------------------------------------
+# The script as a user runs it
+# ------------------------------------------------------------------------------------------------
+TINY = ["--total-timesteps", "4096", "--num-envs", "16", "--num-steps", "128", "--num-minibatches", "4",
+        "--update-epochs", "1", "--eval-episodes", "8", "--seed", "3"]
+TAGS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
+        "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl",
+        "losses/clipfrac", "losses/explained_variance"]
+
+
+def test_script_logs_tensorboard_and_writes_summary(tmp_path):
+    result = run_script(tmp_path, *TINY)
+    assert result.returncode == 0, result.stderr
+    assert "eval (sampled, 8 episodes)" in result.stdout and "eval ( greedy, 8 episodes)" in result.stdout
+    (run_dir,) = glob.glob(str(tmp_path / "runs" / "Breakout-MinAtar__ppo_breakout__3__*"))
+
+    events = EventAccumulator(run_dir, size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    scalars = events.Tags()["scalars"]
+    for tag in TAGS:
+        assert tag in scalars, tag
+    assert len(events.Scalars("losses/policy_loss")) == 2  # one point per iteration
+    assert [e.step for e in events.Scalars("charts/SPS")] == [2048, 4096]
+    learning_rates = [e.value for e in events.Scalars("charts/learning_rate")]
+    assert learning_rates[0] == pytest.approx(5e-3) and learning_rates[1] == pytest.approx(2.5e-3)
+    assert all(0 < e.value < 1000 for e in events.Scalars("charts/episodic_length"))  # never a placeholder 0
+    assert any("hyperparameters" in tag for tag in events.Tags()["tensors"])
+
+    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    assert summary["env_id"] == "Breakout-MinAtar" and summary["seed"] == 3
+    assert summary["total_timesteps"] == 4096 and summary["global_step"] == 4096
+    for mode in ("sampled", "greedy"):
+        assert set(summary["eval"][mode]) >= {"mean", "std", "min", "max"}
+        assert summary["eval"][mode]["min"] <= summary["eval"][mode]["mean"] <= summary["eval"][mode]["max"]
+    assert summary["eval_episodes"] == 8
+    for key in ("compile_seconds", "train_seconds", "sps", "wall_seconds"):
+        assert summary[key] > 0
+    assert summary["args"]["num_envs"] == 16 and summary["args"]["batch_size"] == 2048
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--num-envs", "0"], "--num-envs must be positive"),
+    (["--num-steps", "-5"], "--num-steps must be positive"),
+    (["--num-minibatches", "7"], "does not divide into --num-minibatches 7"),
+    (["--total-timesteps", "100"], "less than one batch"),
+    (["--env-id", "Breakout-Atari"], "unknown --env-id 'Breakout-Atari'"),
+    (["--env-id", "Pendulum-v1"], "continuous actions"),
+    (["--ent-coef", "-0.1"], "--ent-coef must be non-negative"),
+    (["--vf-coef", "-1"], "--vf-coef must be non-negative"),
+    (["--learning-rate", "0"], "--learning-rate must be positive"),
+    (["--gamma", "1.5"], "--gamma must be in [0, 1]"),
+    (["--eval-episodes", "0"], "--eval-episodes must be positive"),
+])
+def test_bad_arguments_are_rejected(flags, message):
+    args = ppo.tyro.cli(ppo.Args, args=flags)
+    assert message in ppo.find_arg_error(args)
+
+
+def test_bad_input_exits_2_with_one_line_and_no_run_directory(tmp_path):
+    result = run_script(tmp_path, "--num-envs", "64", "--num-steps", "100", "--num-minibatches", "3")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: the batch (num_envs * num_steps = 6400) does not divide into --num-minibatches 3"]
+    assert not (tmp_path / "runs").exists()
