@@ -358,36 +358,40 @@ def main() -> None:
     optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm),
                             optax.adam(learning_rate=schedule, eps=1e-5))
 
-    key = jax.random.key(args.seed)
-    key, init_key, reset_key, eval_key = jax.random.split(key, 4)
-    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
-        jax.random.split(reset_key, args.num_envs), env_params)
-    params = network.init(init_key, obs)
-    runner = RunnerState(
-        params=params, opt_state=optimizer.init(params), env_state=env_state, obs=obs,
-        episode_return=jnp.zeros(args.num_envs), episode_length=jnp.zeros(args.num_envs, jnp.int32),
-        key=key)
+    def init_runner(key: jax.Array) -> RunnerState:
+        key, init_key, reset_key = jax.random.split(key, 3)
+        obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
+            jax.random.split(reset_key, args.num_envs), env_params)
+        params = network.init(init_key, obs)
+        return RunnerState(
+            params=params, opt_state=optimizer.init(params), env_state=env_state, obs=obs,
+            episode_return=jnp.zeros(args.num_envs), episode_length=jnp.zeros(args.num_envs, jnp.int32),
+            key=key)
 
-    # Compile the update and the evaluation side by side: XLA compiles outside Python's GIL and mostly
-    # on one core, and this machine has two. Both are compiled ahead of time, so the loop never waits.
+    runner_key, eval_key = jax.random.split(jax.random.key(args.seed))
+    # Shapes alone are enough to compile against, so initialisation, the update and the evaluation
+    # all compile at once: XLA compiles outside Python's GIL, and mostly on one core each.
+    runner_shapes = jax.eval_shape(init_runner, runner_key)
     compile_start = time.time()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        runner_initialising = pool.submit(jax.jit(init_runner), runner_key)
         evaluate_compiling = pool.submit(lambda: evaluate.lower(
-            eval_key, runner.params, False, env=env, env_params=env_params,
+            eval_key, runner_shapes.params, False, env=env, env_params=env_params,
             policy_apply=lambda p, o: network.apply(p, o)[0], num_episodes=args.eval_episodes,
             max_steps=env_params.max_steps_in_episode + 1).compile())
         update_step = jax.jit(make_update_step(args, env, env_params, network, optimizer))
-        update_step = update_step.lower(runner).compile()
+        update_step = update_step.lower(runner_shapes).compile()
+        runner = runner_initialising.result()
         evaluate_policy = evaluate_compiling.result()
     compile_seconds = time.time() - compile_start
     print(f"{args.env_id}: {args.num_iterations} iterations of {args.batch_size} steps; "
           f"compiled in {compile_seconds:.1f}s; logging to {run_dir}")
 
-    train_start = time.time()
     progress_every = max(1, args.num_iterations // 10)
     recent_return = float("nan")
-    for iteration in range(1, args.num_iterations + 1):
-        runner, metrics = update_step(runner)
+
+    def log_iteration(iteration: int, metrics: dict[str, jax.Array]) -> None:
+        nonlocal recent_return
         metrics = jax.device_get(metrics)  # the one host transfer per iteration
         global_step = iteration * args.batch_size
         sps = global_step / (time.time() - train_start)
@@ -404,6 +408,17 @@ def main() -> None:
             writer.add_scalar(f"losses/{name}", metrics[name], global_step)
         if iteration % progress_every == 0 or iteration == args.num_iterations:
             print(f"step {global_step:>9,} | SPS {sps:>8,.0f} | episodic return {recent_return:6.2f}")
+
+    train_start = time.time()
+    previous = None
+    for iteration in range(1, args.num_iterations + 1):
+        # The call returns at once and XLA computes in the background, so logging the previous
+        # iteration overlaps this one instead of leaving the cores idle.
+        runner, metrics = update_step(runner)
+        if previous is not None:
+            log_iteration(*previous)
+        previous = (iteration, metrics)
+    log_iteration(*previous)
     train_seconds = time.time() - train_start
 
     # Evaluate the final policy on complete episodes: sampled actions (the policy PPO trained) and
@@ -417,7 +432,7 @@ def main() -> None:
         evaluation[mode] = {"mean": float(returns.mean()), "std": float(returns.std()),
                             "min": float(returns.min()), "max": float(returns.max()),
                             "mean_length": float(result.lengths.mean())}
-        writer.add_scalar(f"eval/{mode}_return", returns.mean(), global_step)
+        writer.add_scalar(f"eval/{mode}_return", returns.mean(), args.num_iterations * args.batch_size)
         print(f"eval ({mode:>7}, {args.eval_episodes} episodes): "
               f"return {returns.mean():.2f} ± {returns.std():.2f}")
     eval_seconds = time.time() - eval_start

@@ -1,0 +1,98 @@
+"""Tuning harness: ppo_breakout.py's training for several seeds at once, to compare settings by measurement.
+
+All seeds train side by side under `vmap`, the whole run inside one `jit` (a `lax.scan` over iterations),
+so one compilation serves every seed. Each seed's final policy is then evaluated on complete episodes
+with sampled actions. It prints one JSON line: the per-seed evaluation, their mean and minimum, and a
+10-point learning curve (mean return of the training episodes that ended in each tenth of training).
+
+It reuses ppo_breakout.py's functions, so it measures exactly that algorithm; but vmapped matmuls do
+not round exactly as single-seed ones, so seed k here is not bit-identical to `--seed k` there.
+
+Run:  python benchmarks/tune.py --ppo.gae-lambda 0.9 --num-seeds 4
+"""
+
+import dataclasses
+import functools
+import json
+import os
+import sys
+
+import gymnax
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import tyro
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import ppo_breakout  # noqa: E402
+from utils.evaluation import evaluate  # noqa: E402
+
+
+@dataclasses.dataclass
+class Args:
+    ppo: ppo_breakout.Args = dataclasses.field(default_factory=ppo_breakout.Args)
+    """the settings under test (--ppo.seed is ignored: see --first-seed)"""
+    num_seeds: int = 4
+    """the number of seeds trained side by side"""
+    first_seed: int = 1
+    """seeds first_seed, first_seed + 1, ... are trained"""
+    eval_episodes: int = 128
+    """complete episodes per seed in the final evaluation (sampled actions)"""
+
+
+def main() -> None:
+    args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
+    error = ppo_breakout.find_arg_error(args.ppo) or (
+        "--num-seeds and --eval-episodes must be positive" if min(args.num_seeds, args.eval_episodes) <= 0 else None)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    cfg = args.ppo
+    cfg.batch_size = cfg.num_envs * cfg.num_steps
+    cfg.minibatch_size = cfg.batch_size // cfg.num_minibatches
+    cfg.num_iterations = cfg.total_timesteps // cfg.batch_size
+
+    env, env_params = gymnax.make(cfg.env_id)
+    network = hk.without_apply_rng(hk.transform(
+        functools.partial(ppo_breakout.actor_critic, num_actions=env.action_space(env_params).n)))
+    updates = cfg.num_iterations * cfg.update_epochs * cfg.num_minibatches
+    schedule = optax.linear_schedule(cfg.learning_rate, 0.0, updates) if cfg.anneal_lr else cfg.learning_rate
+    optimizer = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(schedule, eps=1e-5))
+    update_step = ppo_breakout.make_update_step(cfg, env, env_params, network, optimizer)
+
+    def train(seed: jax.Array):
+        # The same initialisation as ppo_breakout.main, for one seed.
+        key, init_key, reset_key, eval_key = jax.random.split(jax.random.key(seed), 4)
+        obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, cfg.num_envs), env_params)
+        params = network.init(init_key, obs)
+        runner = ppo_breakout.RunnerState(params=params, opt_state=optimizer.init(params), env_state=env_state, obs=obs,
+                                 episode_return=jnp.zeros(cfg.num_envs),
+                                 episode_length=jnp.zeros(cfg.num_envs, jnp.int32), key=key)
+
+        def iteration(runner, _):
+            runner, metrics = update_step(runner)
+            return runner, (metrics["episode_return_sum"], metrics["episodes"])
+
+        runner, (return_sums, episodes) = jax.lax.scan(iteration, runner, None, length=cfg.num_iterations)
+        result = evaluate(eval_key, runner.params, False, env=env, env_params=env_params,
+                          policy_apply=lambda p, o: network.apply(p, o)[0], num_episodes=args.eval_episodes,
+                          max_steps=env_params.max_steps_in_episode + 1)
+        return result.returns.mean(), return_sums, episodes
+
+    seeds = jnp.arange(args.first_seed, args.first_seed + args.num_seeds)
+    eval_returns, return_sums, episodes = map(np.asarray, jax.jit(jax.vmap(train))(seeds))
+    tenths = np.array_split(np.arange(cfg.num_iterations), min(10, cfg.num_iterations))
+    curve = [return_sums[:, t].sum() / max(episodes[:, t].sum(), 1) for t in tenths]
+    print(json.dumps({
+        "seeds": seeds.tolist(), "eval": [round(float(r), 2) for r in eval_returns],
+        "mean": round(float(eval_returns.mean()), 2), "min": round(float(eval_returns.min()), 2),
+        "curve": [round(float(c), 1) for c in curve],
+        "changed_args": {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+                         if f.init and f.name != "seed" and getattr(cfg, f.name) != f.default},
+    }))
+
+
+if __name__ == "__main__":
+    main()
