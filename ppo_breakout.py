@@ -342,7 +342,12 @@ def main() -> None:
 
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join("runs", run_name)
-    os.makedirs(run_dir)
+    try:
+        os.makedirs(run_dir)  # never into an existing run's directory
+    except FileExistsError:
+        print(f"error: {run_dir} already exists; start again in a second or change --exp-name",
+              file=sys.stderr)
+        sys.exit(1)
     writer = SummaryWriter(run_dir)
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
         f"|{name}|{value}|" for name, value in vars(args).items()))
