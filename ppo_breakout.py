@@ -10,7 +10,6 @@ Help: python ppo_breakout.py --help
 Docs: README.md ("ppo_breakout.py")
 """
 
-import concurrent.futures
 import dataclasses
 import functools
 import json
@@ -124,9 +123,9 @@ def actor_critic(obs: jax.Array, num_actions: int) -> tuple[jax.Array, jax.Array
     """Maps a batch of observations to (action logits, state values).
 
     One 64-64 ReLU MLP on the flattened 10x10xC grid, shared by a policy head and a value head.
-    Chosen by measurement on a 2-core CPU (README, "How the defaults were chosen"): two separate
-    64-64 MLPs learned no better and cost 1.5x the time; a small conv net learned no better at 4x;
-    a 32-32 torso was cheaper but learned clearly worse.
+    Chosen by measurement on a 2-core CPU (docs/tuning.md): two separate 64-64 MLPs learned no better
+    and made a whole iteration 1.3x slower; a small conv net learned no better at about 3x the cost
+    per gradient step; a 32-32 torso was cheaper but learned clearly worse.
     """
     x = obs.reshape(obs.shape[0], -1)
     # Orthogonal init with gain sqrt(2) for ReLU layers, 0.01 on the policy head so the first policy
@@ -277,6 +276,32 @@ def ppo_loss(params: hk.Params, network: hk.Transformed, mb: Batch,
     return loss, metrics
 
 
+def make_optimizer(args: Args) -> optax.GradientTransformation:
+    """Adam behind global-norm clipping, its learning rate annealed linearly to 0 over all updates.
+
+    `inject_hyperparams` keeps the current learning rate in the optimizer state, so the jitted update
+    can report it without the host re-evaluating the schedule.
+    """
+    if args.anneal_lr:
+        num_updates = args.num_iterations * args.update_epochs * args.num_minibatches
+        learning_rate = optax.linear_schedule(args.learning_rate, 0.0, num_updates)
+    else:
+        learning_rate = args.learning_rate
+    return optax.chain(optax.clip_by_global_norm(args.max_grad_norm),
+                       optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate, eps=1e-5))
+
+
+def init_runner(key: jax.Array, env, env_params, network: hk.Transformed,
+                optimizer: optax.GradientTransformation, num_envs: int) -> RunnerState:
+    """Fresh environments, network parameters and optimizer state."""
+    key, init_key, reset_key = jax.random.split(key, 3)
+    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, num_envs), env_params)
+    params = network.init(init_key, obs)
+    return RunnerState(params=params, opt_state=optimizer.init(params), env_state=env_state, obs=obs,
+                       episode_return=jnp.zeros(num_envs), episode_length=jnp.zeros(num_envs, jnp.int32),
+                       key=key)
+
+
 def make_update_step(args: Args, env, env_params, network: hk.Transformed,
                      optimizer: optax.GradientTransformation):
     """Builds the function that runs one PPO iteration; the caller jits it."""
@@ -314,6 +339,8 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
 
         done = traj.terminated | traj.truncated
         metrics = {name: value.mean() for name, value in loss_metrics.items()}  # over epochs x minibatches
+        metrics["learning_rate"] = optax.tree_utils.tree_get(  # the rate of the last update
+            opt_state, "learning_rate", filtering=lambda _, value: isinstance(value, jax.Array))
         metrics["explained_variance"] = 1.0 - jnp.var(batch.target - batch.value) / jnp.var(batch.target)
         metrics["episodes"] = done.sum()
         metrics["episode_return_sum"] = traj.episode_return.sum()
@@ -354,49 +381,29 @@ def main() -> None:
 
     network = hk.without_apply_rng(hk.transform(
         functools.partial(actor_critic, num_actions=env.action_space(env_params).n)))
-    updates_per_iteration = args.update_epochs * args.num_minibatches
-    if args.anneal_lr:
-        schedule = optax.linear_schedule(args.learning_rate, 0.0,
-                                         args.num_iterations * updates_per_iteration)
-    else:
-        schedule = optax.constant_schedule(args.learning_rate)
-    optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm),
-                            optax.adam(learning_rate=schedule, eps=1e-5))
-
-    def init_runner(key: jax.Array) -> RunnerState:
-        key, init_key, reset_key = jax.random.split(key, 3)
-        obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(
-            jax.random.split(reset_key, args.num_envs), env_params)
-        params = network.init(init_key, obs)
-        return RunnerState(
-            params=params, opt_state=optimizer.init(params), env_state=env_state, obs=obs,
-            episode_return=jnp.zeros(args.num_envs), episode_length=jnp.zeros(args.num_envs, jnp.int32),
-            key=key)
+    optimizer = make_optimizer(args)
 
     runner_key, eval_key = jax.random.split(jax.random.key(args.seed))
-    # Shapes alone are enough to compile against, so initialisation, the update and the evaluation
-    # all compile at once: XLA compiles outside Python's GIL, and mostly on one core each.
-    runner_shapes = jax.eval_shape(init_runner, runner_key)
+    # Everything is compiled ahead of time, so compile time is measured apart and the training loop
+    # never waits on XLA. Sampled and greedy evaluation share one program: `greedy` is an input.
     compile_start = time.time()
-    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        runner_initialising = pool.submit(jax.jit(init_runner), runner_key)
-        evaluate_compiling = pool.submit(lambda: evaluate.lower(
-            eval_key, runner_shapes.params, False, env=env, env_params=env_params,
-            policy_apply=lambda p, o: network.apply(p, o)[0], num_episodes=args.eval_episodes,
-            max_steps=env_params.max_steps_in_episode + 1).compile())
-        update_step = jax.jit(make_update_step(args, env, env_params, network, optimizer))
-        update_step = update_step.lower(runner_shapes).compile()
-        runner = runner_initialising.result()
-        evaluate_policy = evaluate_compiling.result()
+    runner = jax.jit(functools.partial(init_runner, env=env, env_params=env_params, network=network,
+                                       optimizer=optimizer, num_envs=args.num_envs))(runner_key)
+    update_step = jax.jit(make_update_step(args, env, env_params, network, optimizer))
+    update_step = update_step.lower(runner).compile()
+    evaluate_policy = evaluate.lower(
+        eval_key, runner.params, False, env=env, env_params=env_params,
+        policy_apply=lambda p, o: network.apply(p, o)[0], num_episodes=args.eval_episodes,
+        max_steps=env_params.max_steps_in_episode + 1).compile()
     compile_seconds = time.time() - compile_start
     print(f"{args.env_id}: {args.num_iterations} iterations of {args.batch_size} steps; "
           f"compiled in {compile_seconds:.1f}s; logging to {run_dir}")
 
     progress_every = max(1, args.num_iterations // 10)
     recent_return = float("nan")
-
-    def log_iteration(iteration: int, metrics: dict[str, jax.Array]) -> None:
-        nonlocal recent_return
+    train_start = time.time()
+    for iteration in range(1, args.num_iterations + 1):
+        runner, metrics = update_step(runner)
         metrics = jax.device_get(metrics)  # the one host transfer per iteration
         global_step = iteration * args.batch_size
         sps = global_step / (time.time() - train_start)
@@ -406,28 +413,16 @@ def main() -> None:
             writer.add_scalar("charts/episodic_length",
                               metrics["episode_length_sum"] / metrics["episodes"], global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
-        writer.add_scalar("charts/learning_rate",
-                          float(schedule((iteration - 1) * updates_per_iteration)), global_step)
+        writer.add_scalar("charts/learning_rate", metrics["learning_rate"], global_step)
         for name in ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac",
                      "explained_variance"):
             writer.add_scalar(f"losses/{name}", metrics[name], global_step)
         if iteration % progress_every == 0 or iteration == args.num_iterations:
             print(f"step {global_step:>9,} | SPS {sps:>8,.0f} | episodic return {recent_return:6.2f}")
-
-    train_start = time.time()
-    previous = None
-    for iteration in range(1, args.num_iterations + 1):
-        # The call returns at once and XLA computes in the background, so logging the previous
-        # iteration overlaps this one instead of leaving the cores idle.
-        runner, metrics = update_step(runner)
-        if previous is not None:
-            log_iteration(*previous)
-        previous = (iteration, metrics)
-    log_iteration(*previous)
     train_seconds = time.time() - train_start
 
     # Evaluate the final policy on complete episodes: sampled actions (the policy PPO trained) and
-    # greedy actions. Both run the one compiled program: `greedy` is an input, not a constant.
+    # greedy actions.
     eval_start = time.time()
     evaluation = {}
     for mode, greedy in (("sampled", False), ("greedy", True)):
@@ -437,7 +432,7 @@ def main() -> None:
         evaluation[mode] = {"mean": float(returns.mean()), "std": float(returns.std()),
                             "min": float(returns.min()), "max": float(returns.max()),
                             "mean_length": float(result.lengths.mean())}
-        writer.add_scalar(f"eval/{mode}_return", returns.mean(), args.num_iterations * args.batch_size)
+        writer.add_scalar(f"eval/{mode}_return", returns.mean(), global_step)
         print(f"eval ({mode:>7}, {args.eval_episodes} episodes): "
               f"return {returns.mean():.2f} ± {returns.std():.2f}")
     eval_seconds = time.time() - eval_start
@@ -445,10 +440,10 @@ def main() -> None:
 
     summary = {
         "env_id": args.env_id, "seed": args.seed, "total_timesteps": args.total_timesteps,
-        "global_step": args.num_iterations * args.batch_size,
+        "global_step": global_step,
         "eval_episodes": args.eval_episodes, "eval": evaluation,
         "compile_seconds": compile_seconds, "train_seconds": train_seconds,
-        "eval_seconds": eval_seconds, "sps": args.num_iterations * args.batch_size / train_seconds,
+        "eval_seconds": eval_seconds, "sps": global_step / train_seconds,
         "wall_seconds": time.time() - wall_start, "args": vars(args),
     }
     with open(os.path.join(run_dir, "summary.json"), "w") as f:

@@ -22,7 +22,6 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import tyro
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -57,19 +56,13 @@ def main() -> None:
     env, env_params = gymnax.make(cfg.env_id)
     network = hk.without_apply_rng(hk.transform(
         functools.partial(ppo_breakout.actor_critic, num_actions=env.action_space(env_params).n)))
-    updates = cfg.num_iterations * cfg.update_epochs * cfg.num_minibatches
-    schedule = optax.linear_schedule(cfg.learning_rate, 0.0, updates) if cfg.anneal_lr else cfg.learning_rate
-    optimizer = optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), optax.adam(schedule, eps=1e-5))
+    optimizer = ppo_breakout.make_optimizer(cfg)
     update_step = ppo_breakout.make_update_step(cfg, env, env_params, network, optimizer)
 
     def train(seed: jax.Array):
-        # The same initialisation as ppo_breakout.main, for one seed.
-        key, init_key, reset_key, eval_key = jax.random.split(jax.random.key(seed), 4)
-        obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, cfg.num_envs), env_params)
-        params = network.init(init_key, obs)
-        runner = ppo_breakout.RunnerState(params=params, opt_state=optimizer.init(params), env_state=env_state, obs=obs,
-                                 episode_return=jnp.zeros(cfg.num_envs),
-                                 episode_length=jnp.zeros(cfg.num_envs, jnp.int32), key=key)
+        # The same keys and initialisation as ppo_breakout.main, for one seed.
+        runner_key, eval_key = jax.random.split(jax.random.key(seed))
+        runner = ppo_breakout.init_runner(runner_key, env, env_params, network, optimizer, cfg.num_envs)
 
         def iteration(runner, _):
             runner, metrics = update_step(runner)

@@ -12,7 +12,6 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 import rlax
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -200,15 +199,11 @@ def test_update_step_learns_the_probe_optimum_and_bootstraps_through_truncation(
     env = ProbeEnv(horizons=(100,))
     env_params = env.default_params
     args = derived(ppo.Args(num_envs=16, num_steps=16, num_minibatches=4, update_epochs=4, gamma=0.5,
-                            learning_rate=3e-3, total_timesteps=16 * 16 * 150, ent_coef=0.0,
-                            clip_vloss=False))
+                            learning_rate=3e-3, anneal_lr=False, total_timesteps=16 * 16 * 150,
+                            ent_coef=0.0, clip_vloss=False))
     network = hk.without_apply_rng(hk.transform(functools.partial(ppo.actor_critic, num_actions=2)))
-    optimizer = optax.chain(optax.clip_by_global_norm(args.max_grad_norm), optax.adam(args.learning_rate))
-    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(jax.random.key(0), 16), env_params)
-    params = network.init(jax.random.key(1), obs)
-    runner = ppo.RunnerState(params=params, opt_state=optimizer.init(params), env_state=env_state,
-                             obs=obs, episode_return=jnp.zeros(16), episode_length=jnp.zeros(16, jnp.int32),
-                             key=jax.random.key(2))
+    optimizer = ppo.make_optimizer(args)
+    runner = ppo.init_runner(jax.random.key(0), env, env_params, network, optimizer, args.num_envs)
     update_step = jax.jit(ppo.make_update_step(args, env, env_params, network, optimizer))
     for _ in range(args.num_iterations):
         runner, _ = update_step(runner)
@@ -260,7 +255,8 @@ def test_script_logs_tensorboard_and_writes_summary(tmp_path):
     assert len(events.Scalars("losses/policy_loss")) == 2  # one point per iteration
     assert [e.step for e in events.Scalars("charts/SPS")] == [2048, 4096]
     learning_rates = [e.value for e in events.Scalars("charts/learning_rate")]
-    assert learning_rates[0] == pytest.approx(5e-3) and learning_rates[1] == pytest.approx(2.5e-3)
+    # 2 iterations x 1 epoch x 4 minibatches: the last updates of each iteration are numbers 3 and 7 of 8.
+    assert learning_rates == pytest.approx([5e-3 * (1 - 3 / 8), 5e-3 * (1 - 7 / 8)])
     assert all(0 < e.value < 1000 for e in events.Scalars("charts/episodic_length"))  # never a placeholder 0
     assert any("hyperparameters" in tag for tag in events.Tags()["tensors"])
 
