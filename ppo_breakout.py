@@ -3,7 +3,9 @@
 One jitted `update_step` does a whole PPO iteration: a `lax.scan` rollout of vmapped gymnax environments,
 GAE, and `update_epochs` x `num_minibatches` gradient steps on the clipped surrogate loss, whose
 probability ratio is computed from log-probabilities (the log-sum-exp trick, see `loss_stability.py`).
-The Python loop around it only logs. At the end the final policy is evaluated on complete episodes.
+It runs data parallel under `jax.shard_map`, one device per CPU core: each device steps its share of
+the environments and the devices average their gradients. The Python loop around it only logs. At the
+end the final policy is evaluated on complete episodes.
 
 Run:  python ppo_breakout.py --total-timesteps 1000000
 Help: python ppo_breakout.py --help
@@ -12,21 +14,30 @@ Docs: README.md ("ppo_breakout.py")
 
 import dataclasses
 import functools
+import gc
 import json
 import os
 import sys
 import time
 from typing import Any, NamedTuple
 
+# JAX's CPU backend is a single device unless told otherwise; one device per core lets the
+# data-parallel update use every core. It must be set before JAX starts, and importing gymnax starts it.
+num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(num_cores or 1))
+
 import gymnax
 import haiku as hk
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
 import rlax
 import tyro
 from gymnax.environments import spaces
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 from tensorboardX import SummaryWriter
 
 from utils.evaluation import evaluate
@@ -55,7 +66,7 @@ class Args:
     """the discount factor"""
     gae_lambda: float = 0.9
     """the lambda of generalized advantage estimation"""
-    num_minibatches: int = 8
+    num_minibatches: int = 16
     """the number of minibatches each rollout is split into"""
     update_epochs: int = 4
     """the number of passes over each rollout"""
@@ -73,6 +84,10 @@ class Args:
     """the maximum global norm of the gradient"""
     eval_episodes: int = 256
     """the number of complete episodes the final policy is evaluated on"""
+    num_devices: int = 0
+    """the number of devices the environments are split across, each running its share of the rollout
+    and of every minibatch (data parallel); on a CPU, JAX runs one device per core. 0 picks the most
+    that divide both num_envs and the minibatch size"""
     jax_cache_dir: str = "~/.cache/jax"
     """JAX's persistent compilation cache: a rerun with the same shapes and hyperparameters (another
     seed, say) loads the compiled programs instead of compiling them again; "" turns it off"""
@@ -108,6 +123,15 @@ def find_arg_error(args: Args) -> str | None:
     if args.total_timesteps < batch_size:
         return (f"--total-timesteps {args.total_timesteps} is less than one batch "
                 f"(num_envs * num_steps = {batch_size})")
+    if args.num_devices < 0:
+        return f"--num-devices must be 0 (automatic) or positive, got {args.num_devices}"
+    num_available = len(jax.devices())
+    if args.num_devices > num_available:
+        return f"--num-devices {args.num_devices} is more than the {num_available} devices JAX has"
+    minibatch_size = batch_size // args.num_minibatches
+    if args.num_devices and (args.num_envs % args.num_devices or minibatch_size % args.num_devices):
+        return (f"--num-devices {args.num_devices} must divide both --num-envs {args.num_envs} and "
+                f"the minibatch size {minibatch_size}")
     if args.env_id not in gymnax.registered_envs:
         return f"unknown --env-id {args.env_id!r}; gymnax has: {', '.join(gymnax.registered_envs)}"
     env, env_params = gymnax.make(args.env_id)
@@ -257,10 +281,7 @@ def value_loss(values: jax.Array, old_values: jax.Array, targets: jax.Array,
 def ppo_loss(params: hk.Params, network: hk.Transformed, mb: Batch,
              args: Args) -> tuple[jax.Array, dict[str, jax.Array]]:
     logits, values = network.apply(params, mb.obs)
-    advantages = mb.advantage
-    if args.norm_adv:
-        advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    pg_loss, log_ratio = policy_loss(logits, mb.logits, mb.action, advantages, args.clip_coef)
+    pg_loss, log_ratio = policy_loss(logits, mb.logits, mb.action, mb.advantage, args.clip_coef)
     v_loss = value_loss(values, mb.value, mb.target, args.clip_coef, args.clip_vloss)
     entropy = -jnp.sum(jax.nn.softmax(logits) * jax.nn.log_softmax(logits), axis=-1).mean()
     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
@@ -302,26 +323,68 @@ def init_runner(key: jax.Array, env, env_params, network: hk.Transformed,
                        key=key)
 
 
-def make_update_step(args: Args, env, env_params, network: hk.Transformed,
-                     optimizer: optax.GradientTransformation):
-    """Builds the function that runs one PPO iteration; the caller jits it."""
-    grad_fn = jax.grad(ppo_loss, has_aux=True)
+def mean_over_devices(x, axis_name: str | None):
+    """The mean of `x` over the devices along `axis_name`; `x` itself when there is no such axis."""
+    return x if axis_name is None else jax.lax.pmean(x, axis_name)
 
-    def update_minibatch(train_state: tuple[hk.Params, optax.OptState], mb: Batch):
-        params, opt_state = train_state
-        grads, metrics = grad_fn(params, network, mb, args)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state), metrics
+
+def update_minibatch(train_state: tuple[hk.Params, optax.OptState], mb: Batch, network: hk.Transformed,
+                     optimizer: optax.GradientTransformation, args: Args, axis_name: str | None = None):
+    """One gradient step on a minibatch, or on this device's shard of it when under `axis_name`.
+
+    The devices average their gradients (and the advantage statistics), so the step equals the one
+    a single device would take on the whole minibatch. Each cross-device mean is a rendezvous of all
+    devices, so each carries as much as it can: both moments of the advantages in one, then the
+    whole gradient flattened into one vector rather than one mean per parameter array (on 2 CPU
+    devices this made an iteration ~15% faster).
+    """
+    params, opt_state = train_state
+    if args.norm_adv:
+        mean, mean_sq = mean_over_devices(
+            jnp.stack([mb.advantage.mean(), jnp.square(mb.advantage).mean()]), axis_name)
+        std = jnp.sqrt(jnp.maximum(mean_sq - jnp.square(mean), 0.0))
+        mb = mb._replace(advantage=(mb.advantage - mean) / (std + 1e-8))
+    grads, metrics = jax.grad(ppo_loss, has_aux=True)(params, network, mb, args)
+    flat_grads, unravel = jax.flatten_util.ravel_pytree(grads)
+    grads = unravel(mean_over_devices(flat_grads, axis_name))
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), metrics
+
+
+def make_update_step(args: Args, env, env_params, network: hk.Transformed,
+                     optimizer: optax.GradientTransformation, axis_name: str | None = None):
+    """Builds the function that runs one PPO iteration; the caller jits it.
+
+    With `axis_name`, the function is one device's share of a data-parallel iteration, run under
+    `jax.shard_map` over that mesh axis: each device steps its own slice of the environments and
+    takes its slice of every minibatch, and `update_minibatch` averages over the devices, so all of
+    them hold the same parameters throughout. Without it, the same function runs on one device.
+    Sizes are read from the arrays, so they are per device.
+    """
+    def sum_over_devices(x):
+        return x if axis_name is None else jax.lax.psum(x, axis_name)
+
+    def variance(x):  # over all devices' shards
+        mean = mean_over_devices(x.mean(), axis_name)
+        return mean_over_devices(jnp.square(x - mean).mean(), axis_name)
 
     def update_epoch(train_state, key: jax.Array, batch: Batch):
         # A fresh permutation every epoch, cut into num_minibatches minibatches.
-        order = jax.random.permutation(key, args.batch_size)
+        batch_size = batch.action.shape[0]
+        order = jax.random.permutation(key, batch_size)
         minibatches = jax.tree.map(
-            lambda x: x[order].reshape(args.num_minibatches, args.minibatch_size, *x.shape[1:]), batch)
-        return jax.lax.scan(update_minibatch, train_state, minibatches)
+            lambda x: x[order].reshape(args.num_minibatches, -1, *x.shape[1:]), batch)
+        return jax.lax.scan(functools.partial(update_minibatch, network=network, optimizer=optimizer,
+                                              args=args, axis_name=axis_name), train_state, minibatches)
 
     def update_step(runner: RunnerState) -> tuple[RunnerState, dict[str, jax.Array]]:
-        runner, traj = collect_trajectories(runner, env, env_params, network, args.num_steps)
+        next_key, rollout_key, epochs_key = jax.random.split(runner.key, 3)
+        if axis_name is not None:  # each device its own actions, env randomness and minibatch order
+            device = jax.lax.axis_index(axis_name)
+            rollout_key = jax.random.fold_in(rollout_key, device)
+            epochs_key = jax.random.fold_in(epochs_key, device)
+        runner, traj = collect_trajectories(runner._replace(key=rollout_key), env, env_params, network,
+                                            args.num_steps)
 
         _, last_value = network.apply(runner.params, runner.obs)
         # One batched pass for v(final_obs): only truncated steps use it, but all steps are cheap.
@@ -329,22 +392,23 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
         final_value = network.apply(runner.params, flat_final_obs)[1].reshape(traj.reward.shape)
         advantages, targets = calculate_gae(traj, final_value, last_value, args.gamma, args.gae_lambda)
 
-        flatten = lambda x: x.reshape(args.batch_size, *x.shape[2:])  # (T, N, ...) -> (T * N, ...)
+        flatten = lambda x: x.reshape(-1, *x.shape[2:])  # (T, N, ...) -> (T * N, ...)
         batch = jax.tree.map(flatten, Batch(obs=traj.obs, action=traj.action, logits=traj.logits,
                                             value=traj.value, advantage=advantages, target=targets))
-        keys = jax.random.split(runner.key, args.update_epochs + 1)
         (params, opt_state), loss_metrics = jax.lax.scan(
-            functools.partial(update_epoch, batch=batch), (runner.params, runner.opt_state), keys[1:])
-        runner = runner._replace(params=params, opt_state=opt_state, key=keys[0])
+            functools.partial(update_epoch, batch=batch), (runner.params, runner.opt_state),
+            jax.random.split(epochs_key, args.update_epochs))
+        runner = runner._replace(params=params, opt_state=opt_state, key=next_key)
 
         done = traj.terminated | traj.truncated
-        metrics = {name: value.mean() for name, value in loss_metrics.items()}  # over epochs x minibatches
+        # over epochs x minibatches, and devices
+        metrics = {name: mean_over_devices(value.mean(), axis_name) for name, value in loss_metrics.items()}
         metrics["learning_rate"] = optax.tree_utils.tree_get(  # the rate of the last update
             opt_state, "learning_rate", filtering=lambda _, value: isinstance(value, jax.Array))
-        metrics["explained_variance"] = 1.0 - jnp.var(batch.target - batch.value) / jnp.var(batch.target)
-        metrics["episodes"] = done.sum()
-        metrics["episode_return_sum"] = traj.episode_return.sum()
-        metrics["episode_length_sum"] = traj.episode_length.sum()
+        metrics["explained_variance"] = 1.0 - variance(batch.target - batch.value) / variance(batch.target)
+        metrics["episodes"] = sum_over_devices(done.sum())
+        metrics["episode_return_sum"] = sum_over_devices(traj.episode_return.sum())
+        metrics["episode_length_sum"] = sum_over_devices(traj.episode_length.sum())
         return runner, metrics
 
     return update_step
@@ -366,6 +430,8 @@ def main() -> None:
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
+    args.num_devices = args.num_devices or max(
+        n for n in range(1, len(jax.devices()) + 1) if args.num_envs % n == 0 and args.minibatch_size % n == 0)
 
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join("runs", run_name)
@@ -383,21 +449,33 @@ def main() -> None:
         functools.partial(actor_critic, num_actions=env.action_space(env_params).n)))
     optimizer = make_optimizer(args)
 
+    # Data parallel over a 1-D mesh of devices: the environments (and all that comes from them) are
+    # split along the "data" axis; parameters, optimizer state and the key are replicated.
+    mesh = Mesh(np.array(jax.devices()[:args.num_devices]), ("data",))
+    runner_specs = RunnerState(params=P(), opt_state=P(), env_state=P("data"), obs=P("data"),
+                               episode_return=P("data"), episode_length=P("data"), key=P())
+    runner_shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), runner_specs,
+                                    is_leaf=lambda x: isinstance(x, P))
+
     runner_key, eval_key = jax.random.split(jax.random.key(args.seed))
     # Everything is compiled ahead of time, so compile time is measured apart and the training loop
     # never waits on XLA. Sampled and greedy evaluation share one program: `greedy` is an input.
     compile_start = time.time()
     runner = jax.jit(functools.partial(init_runner, env=env, env_params=env_params, network=network,
-                                       optimizer=optimizer, num_envs=args.num_envs))(runner_key)
-    update_step = jax.jit(make_update_step(args, env, env_params, network, optimizer))
+                                       optimizer=optimizer, num_envs=args.num_envs),
+                     out_shardings=runner_shardings)(runner_key)
+    # check_vma=False: gradients stay per device until update_step averages them with pmean.
+    update_step = jax.jit(jax.shard_map(
+        make_update_step(args, env, env_params, network, optimizer, axis_name="data"),
+        mesh=mesh, in_specs=(runner_specs,), out_specs=(runner_specs, P()), check_vma=False))
     update_step = update_step.lower(runner).compile()
     evaluate_policy = evaluate.lower(
         eval_key, runner.params, False, env=env, env_params=env_params,
         policy_apply=lambda p, o: network.apply(p, o)[0], num_episodes=args.eval_episodes,
         max_steps=env_params.max_steps_in_episode + 1).compile()
     compile_seconds = time.time() - compile_start
-    print(f"{args.env_id}: {args.num_iterations} iterations of {args.batch_size} steps; "
-          f"compiled in {compile_seconds:.1f}s; logging to {run_dir}")
+    print(f"{args.env_id}: {args.num_iterations} iterations of {args.batch_size} steps on "
+          f"{args.num_devices} device(s); compiled in {compile_seconds:.1f}s; logging to {run_dir}")
 
     progress_every = max(1, args.num_iterations // 10)
     recent_return = float("nan")
@@ -449,6 +527,9 @@ def main() -> None:
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     print(f"summary: {os.path.join(run_dir, 'summary.json')}")
+    # Python's exit-time garbage collection walks every object the imports made (gymnax alone pulls in
+    # matplotlib, seaborn and scipy): about 1-2 s here. Frozen objects are skipped.
+    gc.freeze()
 
 
 if __name__ == "__main__":

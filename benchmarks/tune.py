@@ -1,12 +1,13 @@
 """Tuning harness: ppo_breakout.py's training for several seeds at once, to compare settings by measurement.
 
 All seeds train side by side under `vmap`, the whole run inside one `jit` (a `lax.scan` over iterations),
-so one compilation serves every seed. Each seed's final policy is then evaluated on complete episodes
+so one compilation serves every seed; the seeds are split across the devices (on a CPU, one per core). Each seed's final policy is then evaluated on complete episodes
 with sampled actions. It prints one JSON line: the per-seed evaluation, their mean and minimum, and a
 10-point learning curve (mean return of the training episodes that ended in each tenth of training).
 
-It reuses ppo_breakout.py's functions, so it measures exactly that algorithm; but vmapped matmuls do
-not round exactly as single-seed ones, so seed k here is not bit-identical to `--seed k` there.
+It reuses ppo_breakout.py's functions, so it measures exactly that algorithm; but each seed runs on one
+device (the script splits one seed across all of them) and vmapped matmuls do not round exactly as
+single-seed ones, so seed k here is not bit-identical to `--seed k` there.
 
 Run:  python benchmarks/tune.py --ppo.gae-lambda 0.9 --num-seeds 4
 """
@@ -17,12 +18,17 @@ import json
 import os
 import sys
 
+num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(num_cores or 1))  # before JAX starts
+
 import gymnax
 import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
 import tyro
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ppo_breakout  # noqa: E402
@@ -59,11 +65,12 @@ def main() -> None:
     optimizer = ppo_breakout.make_optimizer(cfg)
     update_step = ppo_breakout.make_update_step(cfg, env, env_params, network, optimizer)
 
-    def train(seed: jax.Array):
+    def init(seed: jax.Array):
         # The same keys and initialisation as ppo_breakout.main, for one seed.
         runner_key, eval_key = jax.random.split(jax.random.key(seed))
-        runner = ppo_breakout.init_runner(runner_key, env, env_params, network, optimizer, cfg.num_envs)
+        return ppo_breakout.init_runner(runner_key, env, env_params, network, optimizer, cfg.num_envs), eval_key
 
+    def train(runner: ppo_breakout.RunnerState, eval_key: jax.Array):
         def iteration(runner, _):
             runner, metrics = update_step(runner)
             return runner, (metrics["episode_return_sum"], metrics["episodes"])
@@ -75,7 +82,14 @@ def main() -> None:
         return result.returns.mean(), return_sums, episodes
 
     seeds = jnp.arange(args.first_seed, args.first_seed + args.num_seeds)
-    eval_returns, return_sums, episodes = map(np.asarray, jax.jit(jax.vmap(train))(seeds))
+    # Initialised outside shard_map: the orthogonal init's batched QR (LAPACK) deadlocked jaxlib 0.10.2
+    # when two CPU devices ran it at once, each vmapped over several seeds.
+    runners, eval_keys = jax.jit(jax.vmap(init))(seeds)
+    num_devices = max(n for n in range(1, len(jax.devices()) + 1) if args.num_seeds % n == 0)
+    mesh = Mesh(np.array(jax.devices()[:num_devices]), ("seeds",))
+    train_seeds = jax.shard_map(jax.vmap(train), mesh=mesh, in_specs=P("seeds"), out_specs=P("seeds"),
+                                check_vma=False)
+    eval_returns, return_sums, episodes = map(np.asarray, jax.jit(train_seeds)(runners, eval_keys))
     tenths = np.array_split(np.arange(cfg.num_iterations), min(10, cfg.num_iterations))
     curve = [return_sums[:, t].sum() / max(episodes[:, t].sum(), 1) for t in tenths]
     print(json.dumps({

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import rlax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import ppo_breakout as ppo
@@ -189,6 +191,40 @@ def test_evaluate_counts_complete_episodes_with_known_returns():
     assert 0 < int(cut.finished.sum()) < 64
 
 
+def test_data_parallel_step_equals_the_single_device_step_on_the_whole_minibatch():
+    # Two devices, each with half of a minibatch, must take exactly the step one device takes on all
+    # of it. The halves have different advantage statistics, so normalising per device would fail.
+    assert len(jax.devices()) >= 2  # conftest.py asks for two CPU devices
+    args = derived(ppo.Args(num_envs=8, num_steps=32, num_minibatches=1))
+    network = hk.without_apply_rng(hk.transform(functools.partial(ppo.actor_critic, num_actions=3)))
+    keys = jax.random.split(jax.random.key(0), 6)
+    n = args.minibatch_size
+    mb = ppo.Batch(
+        obs=jax.random.bernoulli(keys[0], 0.1, (n, 10, 10, 4)).astype(jnp.float32),
+        action=jax.random.randint(keys[1], (n,), 0, 3),
+        logits=jax.random.normal(keys[2], (n, 3)),
+        value=jax.random.normal(keys[3], (n,)),
+        advantage=jnp.concatenate([2.0 + jax.random.normal(keys[4], (n // 2,)),
+                                   -1.0 + 3.0 * jax.random.normal(keys[5], (n // 2,))]),
+        target=jnp.linspace(-1.0, 3.0, n))
+    params = network.init(keys[0], mb.obs)
+    optimizer = ppo.make_optimizer(args)
+    train_state = (params, optimizer.init(params))
+
+    (single, _), _ = jax.jit(functools.partial(
+        ppo.update_minibatch, network=network, optimizer=optimizer, args=args))(train_state, mb)
+    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    step = jax.shard_map(functools.partial(ppo.update_minibatch, network=network, optimizer=optimizer,
+                                           args=args, axis_name="data"),
+                         mesh=mesh, in_specs=(P(), P("data")), out_specs=(P(), P()), check_vma=False)
+    (parallel, _), _ = jax.jit(step)(train_state, mb)
+
+    moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), single, params)
+    assert min(jax.tree.leaves(moved)) > 1e-4  # a real step, not a no-op
+    for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(parallel)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
 # ------------------------------------------------------------------------------------------------
 # Learning: a probe with a known optimum, then Breakout against the random policy
 # ------------------------------------------------------------------------------------------------
@@ -284,6 +320,10 @@ def test_script_logs_tensorboard_and_writes_summary(tmp_path):
     (["--learning-rate", "0"], "--learning-rate must be positive"),
     (["--gamma", "1.5"], "--gamma must be in [0, 1]"),
     (["--eval-episodes", "0"], "--eval-episodes must be positive"),
+    (["--num-devices", "-1"], "--num-devices must be 0 (automatic) or positive"),
+    (["--num-devices", "3"], "--num-devices 3 is more than the 2 devices JAX has"),
+    (["--num-envs", "63", "--num-minibatches", "1", "--num-devices", "2"],
+     "--num-devices 2 must divide both --num-envs 63"),
 ])
 def test_bad_arguments_are_rejected(flags, message):
     args = ppo.tyro.cli(ppo.Args, args=flags)
