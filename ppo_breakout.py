@@ -86,8 +86,8 @@ class Args:
     """the number of complete episodes the final policy is evaluated on"""
     num_devices: int = 0
     """the number of devices the environments are split across, each running its share of the rollout
-    and of every minibatch (data parallel); on a CPU, JAX runs one device per core. 0 picks the most
-    that divide both num_envs and the minibatch size"""
+    and of every minibatch (data parallel); on a CPU, JAX runs one device per core. 0 picks the most,
+    up to 8, that divide both num_envs and the minibatch size. A seed reproduces for the same count"""
     jax_cache_dir: str = "~/.cache/jax"
     """JAX's persistent compilation cache: a rerun with the same shapes and hyperparameters (another
     seed, say) loads the compiled programs instead of compiling them again; "" turns it off"""
@@ -358,13 +358,15 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
     With `axis_name`, the function is one device's share of a data-parallel iteration, run under
     `jax.shard_map` over that mesh axis: each device steps its own slice of the environments and
     takes its slice of every minibatch, and `update_minibatch` averages over the devices, so all of
-    them hold the same parameters throughout. Without it, the same function runs on one device.
-    Sizes are read from the arrays, so they are per device.
+    them hold the same parameters throughout. Each device shuffles its own share, so a minibatch holds
+    exactly minibatch_size / num_devices samples of each device's environments (a stratified draw).
+    Without `axis_name`, the same function runs on one device. Sizes are read from the arrays, so
+    they are per device.
     """
     def sum_over_devices(x):
         return x if axis_name is None else jax.lax.psum(x, axis_name)
 
-    def variance(x):  # over all devices' shards
+    def variance_over_devices(x):
         mean = mean_over_devices(x.mean(), axis_name)
         return mean_over_devices(jnp.square(x - mean).mean(), axis_name)
 
@@ -405,13 +407,31 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
         metrics = {name: mean_over_devices(value.mean(), axis_name) for name, value in loss_metrics.items()}
         metrics["learning_rate"] = optax.tree_utils.tree_get(  # the rate of the last update
             opt_state, "learning_rate", filtering=lambda _, value: isinstance(value, jax.Array))
-        metrics["explained_variance"] = 1.0 - variance(batch.target - batch.value) / variance(batch.target)
+        metrics["explained_variance"] = (1.0 - variance_over_devices(batch.target - batch.value)
+                                         / variance_over_devices(batch.target))
         metrics["episodes"] = sum_over_devices(done.sum())
         metrics["episode_return_sum"] = sum_over_devices(traj.episode_return.sum())
         metrics["episode_length_sum"] = sum_over_devices(traj.episode_length.sum())
         return runner, metrics
 
     return update_step
+
+
+# Data parallel over a 1-D mesh of devices: the environments (and all that comes from them) are split
+# along the "data" axis; parameters, optimizer state and the key are replicated.
+RUNNER_SPECS = RunnerState(params=P(), opt_state=P(), env_state=P("data"), obs=P("data"),
+                           episode_return=P("data"), episode_length=P("data"), key=P())
+
+
+def make_parallel_update_step(args: Args, env, env_params, network: hk.Transformed,
+                              optimizer: optax.GradientTransformation, mesh: Mesh):
+    """`update_step` run by every device of `mesh` on its share of a runner laid out as RUNNER_SPECS."""
+    # check_vma=False: with the check on, JAX would itself sum the gradient of the replicated
+    # parameters over the devices, on top of the explicit average in update_minibatch. The price is
+    # that outputs declared replicated (P()) are not checked to be; a test checks the parameters.
+    return jax.jit(jax.shard_map(
+        make_update_step(args, env, env_params, network, optimizer, axis_name="data"),
+        mesh=mesh, in_specs=(RUNNER_SPECS,), out_specs=(RUNNER_SPECS, P()), check_vma=False))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -430,8 +450,9 @@ def main() -> None:
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
-    args.num_devices = args.num_devices or max(
-        n for n in range(1, len(jax.devices()) + 1) if args.num_envs % n == 0 and args.minibatch_size % n == 0)
+    args.num_devices = args.num_devices or max(  # at most 8: only 1 and 2 were measured
+        n for n in range(1, min(len(jax.devices()), 8) + 1)
+        if args.num_envs % n == 0 and args.minibatch_size % n == 0)
 
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join("runs", run_name)
@@ -449,12 +470,8 @@ def main() -> None:
         functools.partial(actor_critic, num_actions=env.action_space(env_params).n)))
     optimizer = make_optimizer(args)
 
-    # Data parallel over a 1-D mesh of devices: the environments (and all that comes from them) are
-    # split along the "data" axis; parameters, optimizer state and the key are replicated.
     mesh = Mesh(np.array(jax.devices()[:args.num_devices]), ("data",))
-    runner_specs = RunnerState(params=P(), opt_state=P(), env_state=P("data"), obs=P("data"),
-                               episode_return=P("data"), episode_length=P("data"), key=P())
-    runner_shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), runner_specs,
+    runner_shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), RUNNER_SPECS,
                                     is_leaf=lambda x: isinstance(x, P))
 
     runner_key, eval_key = jax.random.split(jax.random.key(args.seed))
@@ -464,10 +481,7 @@ def main() -> None:
     runner = jax.jit(functools.partial(init_runner, env=env, env_params=env_params, network=network,
                                        optimizer=optimizer, num_envs=args.num_envs),
                      out_shardings=runner_shardings)(runner_key)
-    # check_vma=False: gradients stay per device until update_step averages them with pmean.
-    update_step = jax.jit(jax.shard_map(
-        make_update_step(args, env, env_params, network, optimizer, axis_name="data"),
-        mesh=mesh, in_specs=(runner_specs,), out_specs=(runner_specs, P()), check_vma=False))
+    update_step = make_parallel_update_step(args, env, env_params, network, optimizer, mesh)
     update_step = update_step.lower(runner).compile()
     evaluate_policy = evaluate.lower(
         eval_key, runner.params, False, env=env, env_params=env_params,

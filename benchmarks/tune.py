@@ -1,13 +1,14 @@
 """Tuning harness: ppo_breakout.py's training for several seeds at once, to compare settings by measurement.
 
 All seeds train side by side under `vmap`, the whole run inside one `jit` (a `lax.scan` over iterations),
-so one compilation serves every seed; the seeds are split across the devices (on a CPU, one per core). Each seed's final policy is then evaluated on complete episodes
+so one compilation serves every seed. The seeds are split across the devices (on a CPU, one per core),
+as many devices as divide --num-seeds. Each seed's final policy is then evaluated on complete episodes
 with sampled actions. It prints one JSON line: the per-seed evaluation, their mean and minimum, and a
 10-point learning curve (mean return of the training episodes that ended in each tenth of training).
 
 It reuses ppo_breakout.py's functions, so it measures exactly that algorithm; but each seed runs on one
-device (the script splits one seed across all of them) and vmapped matmuls do not round exactly as
-single-seed ones, so seed k here is not bit-identical to `--seed k` there.
+device without the script's data-parallel split (whose keys also fold in the device index) and
+vmapped matmuls do not round exactly as single-seed ones, so seed k here is not `--seed k` there.
 
 Run:  python benchmarks/tune.py --ppo.gae-lambda 0.9 --num-seeds 4
 """
@@ -38,7 +39,7 @@ from utils.evaluation import evaluate  # noqa: E402
 @dataclasses.dataclass
 class Args:
     ppo: ppo_breakout.Args = dataclasses.field(default_factory=ppo_breakout.Args)
-    """the settings under test (--ppo.seed is ignored: see --first-seed)"""
+    """the settings under test (--ppo.seed and --ppo.num-devices are ignored: see --first-seed)"""
     num_seeds: int = 4
     """the number of seeds trained side by side"""
     first_seed: int = 1
@@ -87,6 +88,7 @@ def main() -> None:
     runners, eval_keys = jax.jit(jax.vmap(init))(seeds)
     num_devices = max(n for n in range(1, len(jax.devices()) + 1) if args.num_seeds % n == 0)
     mesh = Mesh(np.array(jax.devices()[:num_devices]), ("seeds",))
+    # Seeds never talk to each other: no collectives, so nothing for check_vma to check.
     train_seeds = jax.shard_map(jax.vmap(train), mesh=mesh, in_specs=P("seeds"), out_specs=P("seeds"),
                                 check_vma=False)
     eval_returns, return_sums, episodes = map(np.asarray, jax.jit(train_seeds)(runners, eval_keys))

@@ -12,9 +12,10 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 import rlax
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -208,7 +209,7 @@ def test_data_parallel_step_equals_the_single_device_step_on_the_whole_minibatch
                                    -1.0 + 3.0 * jax.random.normal(keys[5], (n // 2,))]),
         target=jnp.linspace(-1.0, 3.0, n))
     params = network.init(keys[0], mb.obs)
-    optimizer = ppo.make_optimizer(args)
+    optimizer = optax.sgd(1.0)  # an update linear in the gradient: a gradient off by a factor shows
     train_state = (params, optimizer.init(params))
 
     (single, _), _ = jax.jit(functools.partial(
@@ -223,6 +224,32 @@ def test_data_parallel_step_equals_the_single_device_step_on_the_whole_minibatch
     assert min(jax.tree.leaves(moved)) > 1e-4  # a real step, not a no-op
     for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(parallel)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_parallel_update_step_keeps_every_device_on_the_same_parameters():
+    # The script's own wiring (make_parallel_update_step): after a few iterations on two devices, each
+    # with its own environments, the replicated parameters must still be equal on both.
+    args = derived(ppo.Args(num_envs=8, num_steps=16, num_minibatches=2, update_epochs=2,
+                            total_timesteps=8 * 16 * 3))
+    env, env_params = gymnax.make(args.env_id)
+    network = hk.without_apply_rng(hk.transform(functools.partial(ppo.actor_critic, num_actions=3)))
+    optimizer = ppo.make_optimizer(args)
+    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), ppo.RUNNER_SPECS,
+                             is_leaf=lambda x: isinstance(x, P))
+    runner = jax.jit(functools.partial(ppo.init_runner, env=env, env_params=env_params, network=network,
+                                       optimizer=optimizer, num_envs=args.num_envs),
+                     out_shardings=shardings)(jax.random.key(0))
+    update_step = ppo.make_parallel_update_step(args, env, env_params, network, optimizer, mesh)
+    start = runner.params
+    for _ in range(args.num_iterations):
+        runner, metrics = update_step(runner)
+    for leaf, first in zip(jax.tree.leaves(runner.params), jax.tree.leaves(start)):
+        shards = [np.asarray(shard.data) for shard in leaf.addressable_shards]
+        assert len(shards) == 2
+        np.testing.assert_array_equal(shards[0], shards[1])
+        assert not np.allclose(shards[0], np.asarray(first))  # they moved
+    assert runner.obs.sharding.spec == P("data") and metrics["episodes"] >= 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -306,6 +333,7 @@ def test_script_logs_tensorboard_and_writes_summary(tmp_path):
     for key in ("compile_seconds", "train_seconds", "sps", "wall_seconds"):
         assert summary[key] > 0
     assert summary["args"]["num_envs"] == 16 and summary["args"]["batch_size"] == 2048
+    assert summary["args"]["num_devices"] == 2  # the data-parallel path ran (conftest.py: 2 devices)
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -324,6 +352,8 @@ def test_script_logs_tensorboard_and_writes_summary(tmp_path):
     (["--num-devices", "3"], "--num-devices 3 is more than the 2 devices JAX has"),
     (["--num-envs", "63", "--num-minibatches", "1", "--num-devices", "2"],
      "--num-devices 2 must divide both --num-envs 63"),
+    (["--num-envs", "2", "--num-steps", "3", "--num-minibatches", "2", "--num-devices", "2"],
+     "and the minibatch size 3"),
 ])
 def test_bad_arguments_are_rejected(flags, message):
     args = ppo.tyro.cli(ppo.Args, args=flags)
