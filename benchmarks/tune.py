@@ -56,9 +56,7 @@ def main() -> None:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     cfg = args.ppo
-    cfg.batch_size = cfg.num_envs * cfg.num_steps
-    cfg.minibatch_size = cfg.batch_size // cfg.num_minibatches
-    cfg.num_iterations = cfg.total_timesteps // cfg.batch_size
+    ppo_breakout.fill_runtime_fields(cfg)
 
     env, env_params = gymnax.make(cfg.env_id)
     network = hk.without_apply_rng(hk.transform(

@@ -15,7 +15,7 @@ import numpy as np
 import optax
 import pytest
 import rlax
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -24,13 +24,6 @@ from probe_envs import ProbeEnv
 from utils.evaluation import evaluate
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ppo_breakout.py")
-
-
-def derived(args: ppo.Args) -> ppo.Args:
-    args.batch_size = args.num_envs * args.num_steps
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    args.num_iterations = args.total_timesteps // args.batch_size
-    return args
 
 
 def run_script(tmp_path, *flags, timeout=600):
@@ -196,7 +189,7 @@ def test_data_parallel_step_equals_the_single_device_step_on_the_whole_minibatch
     # Two devices, each with half of a minibatch, must take exactly the step one device takes on all
     # of it. The halves have different advantage statistics, so normalising per device would fail.
     assert len(jax.devices()) >= 2  # conftest.py asks for two CPU devices
-    args = derived(ppo.Args(num_envs=8, num_steps=32, num_minibatches=1))
+    args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=32, num_minibatches=1))
     network = hk.without_apply_rng(hk.transform(functools.partial(ppo.actor_critic, num_actions=3)))
     keys = jax.random.split(jax.random.key(0), 6)
     n = args.minibatch_size
@@ -229,17 +222,15 @@ def test_data_parallel_step_equals_the_single_device_step_on_the_whole_minibatch
 def test_parallel_update_step_keeps_every_device_on_the_same_parameters():
     # The script's own wiring (make_parallel_update_step): after a few iterations on two devices, each
     # with its own environments, the replicated parameters must still be equal on both.
-    args = derived(ppo.Args(num_envs=8, num_steps=16, num_minibatches=2, update_epochs=2,
-                            total_timesteps=8 * 16 * 3))
+    args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=16, num_minibatches=2,
+                                            update_epochs=2, total_timesteps=8 * 16 * 3))
     env, env_params = gymnax.make(args.env_id)
     network = hk.without_apply_rng(hk.transform(functools.partial(ppo.actor_critic, num_actions=3)))
     optimizer = ppo.make_optimizer(args)
     mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
-    shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), ppo.RUNNER_SPECS,
-                             is_leaf=lambda x: isinstance(x, P))
     runner = jax.jit(functools.partial(ppo.init_runner, env=env, env_params=env_params, network=network,
                                        optimizer=optimizer, num_envs=args.num_envs),
-                     out_shardings=shardings)(jax.random.key(0))
+                     out_shardings=ppo.make_runner_shardings(mesh))(jax.random.key(0))
     update_step = ppo.make_parallel_update_step(args, env, env_params, network, optimizer, mesh)
     start = runner.params
     for _ in range(args.num_iterations):
@@ -261,9 +252,9 @@ def test_update_step_learns_the_probe_optimum_and_bootstraps_through_truncation(
     # Treating truncation as termination would instead teach values between 1 and 1.875.
     env = ProbeEnv(horizons=(100,))
     env_params = env.default_params
-    args = derived(ppo.Args(num_envs=16, num_steps=16, num_minibatches=4, update_epochs=4, gamma=0.5,
-                            learning_rate=3e-3, anneal_lr=False, total_timesteps=16 * 16 * 150,
-                            ent_coef=0.0, clip_vloss=False))
+    args = ppo.fill_runtime_fields(ppo.Args(
+        num_envs=16, num_steps=16, num_minibatches=4, update_epochs=4, gamma=0.5, learning_rate=3e-3,
+        anneal_lr=False, total_timesteps=16 * 16 * 150, ent_coef=0.0, clip_vloss=False))
     network = hk.without_apply_rng(hk.transform(functools.partial(ppo.actor_critic, num_actions=2)))
     optimizer = ppo.make_optimizer(args)
     runner = ppo.init_runner(jax.random.key(0), env, env_params, network, optimizer, args.num_envs)
