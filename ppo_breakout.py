@@ -141,10 +141,13 @@ def find_arg_error(args: Args) -> str | None:
 
 
 def fill_runtime_fields(args: Args) -> Args:
-    """Fills the fields derived from the others (batch size, minibatch size, iterations)."""
+    """Fills the fields derived from the others: sizes, iterations, and the device count if it is 0."""
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
+    args.num_devices = args.num_devices or max(  # at most 8: only 1 and 2 were measured
+        n for n in range(1, min(len(jax.devices()), 8) + 1)
+        if args.num_envs % n == 0 and args.minibatch_size % n == 0)
     return args
 
 
@@ -461,9 +464,6 @@ def main() -> None:
     if args.jax_cache_dir:
         jax.config.update("jax_compilation_cache_dir", os.path.expanduser(args.jax_cache_dir))
     fill_runtime_fields(args)
-    args.num_devices = args.num_devices or max(  # at most 8: only 1 and 2 were measured
-        n for n in range(1, min(len(jax.devices()), 8) + 1)
-        if args.num_envs % n == 0 and args.minibatch_size % n == 0)
 
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join("runs", run_name)

@@ -97,7 +97,8 @@ def main() -> None:
         "mean": round(float(eval_returns.mean()), 2), "min": round(float(eval_returns.min()), 2),
         "curve": [round(float(c), 1) for c in curve],
         "changed_args": {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
-                         if f.init and f.name != "seed" and getattr(cfg, f.name) != f.default},
+                         if f.init and f.name not in ("seed", "num_devices")
+                         and getattr(cfg, f.name) != f.default},
     }))
 
 
