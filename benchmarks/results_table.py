@@ -4,12 +4,14 @@ Each run is timed from outside (process start to exit, so imports, compilation, 
 evaluation all count), its peak memory read from the OS, and its summary.json read back.
 
 Run:  python benchmarks/results_table.py --seeds 1 2 3 4 5 --total-timesteps 1000000
+      python benchmarks/results_table.py --script-args="--update-epochs 3"   # other settings
 """
 
 import dataclasses
 import json
 import os
 import resource
+import shlex
 import subprocess
 import sys
 import time
@@ -27,22 +29,30 @@ class Args:
     """passed to ppo_breakout.py"""
     exp_name: str = "results_table"
     """passed to ppo_breakout.py; the run directories are runs/{env_id}__{exp_name}__{seed}__{time}"""
+    script_args: str = ""
+    """more arguments for ppo_breakout.py, as one string, e.g. --script-args='--update-epochs 3'"""
 
 
 def main() -> None:
     args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
-    if not args.seeds or args.total_timesteps <= 0:
-        print("error: give at least one seed and a positive --total-timesteps", file=sys.stderr)
+    try:
+        script_args = shlex.split(args.script_args)
+    except ValueError:  # an unclosed quote
+        script_args = None
+    if not args.seeds or args.total_timesteps <= 0 or script_args is None:
+        print("error: give at least one seed, a positive --total-timesteps and --script-args that "
+              "parse as a shell command line", file=sys.stderr)
         sys.exit(2)
     rows = []
     for seed in args.seeds:
         command = [sys.executable, SCRIPT, "--seed", str(seed), "--total-timesteps",
-                   str(args.total_timesteps), "--exp-name", args.exp_name]
+                   str(args.total_timesteps), "--exp-name", args.exp_name, *script_args]
         start = time.time()
         result = subprocess.run(command, capture_output=True, text=True)
         wall = time.time() - start
-        if result.returncode != 0:
-            sys.exit(f"error: seed {seed} failed:\n{result.stderr}")
+        if result.returncode != 0:  # the script's own error line, and its exit status (2: bad args)
+            print(f"error: seed {seed} failed: {result.stderr.strip()}", file=sys.stderr)
+            sys.exit(result.returncode)
         # ru_maxrss of children: the largest peak of any child so far, in KiB on Linux.
         peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
         summary_path = result.stdout.strip().splitlines()[-1].removeprefix("summary: ")
