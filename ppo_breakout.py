@@ -381,13 +381,16 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
         return mean_over_devices(jnp.square(x - mean).mean(), axis_name)
 
     def update_epoch(train_state, key: jax.Array, batch: Batch):
-        # A fresh permutation every epoch, cut into num_minibatches minibatches.
+        # A fresh permutation every epoch, cut into num_minibatches minibatches of indices. Each step
+        # gathers its own rows, so the shuffled batch is never copied whole.
         batch_size = batch.action.shape[0]
-        order = jax.random.permutation(key, batch_size)
-        minibatches = jax.tree.map(
-            lambda x: x[order].reshape(args.num_minibatches, -1, *x.shape[1:]), batch)
-        return jax.lax.scan(functools.partial(update_minibatch, network=network, optimizer=optimizer,
-                                              args=args, axis_name=axis_name), train_state, minibatches)
+        order = jax.random.permutation(key, batch_size).reshape(args.num_minibatches, -1)
+
+        def minibatch_step(train_state, mb_indices: jax.Array):
+            mb = jax.tree.map(lambda x: x[mb_indices], batch)
+            return update_minibatch(train_state, mb, network, optimizer, args, axis_name)
+
+        return jax.lax.scan(minibatch_step, train_state, order)
 
     def update_step(runner: RunnerState) -> tuple[RunnerState, dict[str, jax.Array]]:
         next_key, rollout_key, epochs_key = jax.random.split(runner.key, 3)
