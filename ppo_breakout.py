@@ -555,7 +555,7 @@ def main() -> None:
         json.dump(summary, f, indent=2)
     print(f"summary: {os.path.join(run_dir, 'summary.json')}")
     # Python's exit-time garbage collection walks every object the imports made (gymnax alone pulls in
-    # matplotlib, seaborn and scipy): about 1-2 s here. Frozen objects are skipped.
+    # matplotlib, seaborn and scipy), which is slow; frozen objects are skipped.
     gc.freeze()
 
 
