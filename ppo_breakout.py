@@ -82,6 +82,8 @@ class Args:
     """the coefficient of the value loss"""
     max_grad_norm: float = 0.5
     """the maximum global norm of the gradient"""
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    """the widths of the hidden layers of the torso that the policy and value heads share"""
     eval_episodes: int = 256
     """the number of complete episodes the final policy is evaluated on"""
     num_devices: int = 0
@@ -113,6 +115,8 @@ def find_arg_error(args: Args) -> str | None:
     for name in ("ent_coef", "vf_coef"):
         if not getattr(args, name) >= 0:
             return f"--{name.replace('_', '-')} must be non-negative, got {getattr(args, name)}"
+    if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
+        return f"--hidden-sizes must be one or more positive widths, got {args.hidden_sizes}"
     for name in ("gamma", "gae_lambda"):
         if not 0 <= getattr(args, name) <= 1:
             return f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}"
@@ -154,18 +158,21 @@ def fill_runtime_fields(args: Args) -> Args:
 # ---------------------------------------------------------------------------------------------------
 # Network
 # ---------------------------------------------------------------------------------------------------
-def actor_critic(obs: jax.Array, num_actions: int) -> tuple[jax.Array, jax.Array]:
+def actor_critic(obs: jax.Array, num_actions: int,
+                 hidden_sizes: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
     """Maps a batch of observations to (action logits, state values).
 
-    One 64-64 ReLU MLP on the flattened 10x10xC grid, shared by a policy head and a value head.
-    Chosen by measurement on a 2-core CPU (docs/tuning.md): two separate 64-64 MLPs learned no better
-    and made a whole iteration 1.3x slower; a small conv net learned no better at about 3x the cost
-    per gradient step; a 32-32 torso was cheaper but learned clearly worse.
+    One ReLU MLP (64-64 by default) on the flattened 10x10xC grid, shared by a policy head and a
+    value head. Chosen by measurement on a 2-core CPU (docs/tuning.md): two separate 64-64 MLPs
+    learned worse and made a whole iteration 1.3x slower; cutting the value loss's gradient out of
+    the torso learned much worse; a small conv net learned no better at about 3x the cost per
+    gradient step; a 32-32 torso was cheaper but learned clearly worse; a 128-128 torso learned
+    somewhat more but trained about 3x slower.
     """
     x = obs.reshape(obs.shape[0], -1)
     # Orthogonal init with gain sqrt(2) for ReLU layers, 0.01 on the policy head so the first policy
     # is near uniform, 1 on the value head (Engstrom et al. 2020, "Implementation Matters").
-    torso = hk.nets.MLP([64, 64], w_init=hk.initializers.Orthogonal(scale=np.sqrt(2)),
+    torso = hk.nets.MLP(list(hidden_sizes), w_init=hk.initializers.Orthogonal(scale=np.sqrt(2)),
                         activate_final=True, name="torso")(x)
     logits = hk.Linear(num_actions, w_init=hk.initializers.Orthogonal(scale=0.01), name="policy")(torso)
     value = hk.Linear(1, w_init=hk.initializers.Orthogonal(scale=1.0), name="value")(torso)
@@ -481,7 +488,8 @@ def main() -> None:
         f"|{name}|{value}|" for name, value in vars(args).items()))
 
     network = hk.without_apply_rng(hk.transform(
-        functools.partial(actor_critic, num_actions=env.action_space(env_params).n)))
+        functools.partial(actor_critic, num_actions=env.action_space(env_params).n,
+                          hidden_sizes=args.hidden_sizes)))
     optimizer = make_optimizer(args)
 
     mesh = Mesh(np.array(jax.devices()[:args.num_devices]), ("data",))

@@ -60,7 +60,8 @@ def main() -> None:
 
     env, env_params = gymnax.make(cfg.env_id)
     network = hk.without_apply_rng(hk.transform(
-        functools.partial(ppo_breakout.actor_critic, num_actions=env.action_space(env_params).n)))
+        functools.partial(ppo_breakout.actor_critic, num_actions=env.action_space(env_params).n,
+                          hidden_sizes=cfg.hidden_sizes)))
     optimizer = ppo_breakout.make_optimizer(cfg)
     update_step = ppo_breakout.make_update_step(cfg, env, env_params, network, optimizer)
 

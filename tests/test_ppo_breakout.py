@@ -190,7 +190,8 @@ def test_data_parallel_step_equals_the_single_device_step_on_the_whole_minibatch
     # of it. The halves have different advantage statistics, so normalising per device would fail.
     assert len(jax.devices()) >= 2  # conftest.py asks for two CPU devices
     args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=32, num_minibatches=1))
-    network = hk.without_apply_rng(hk.transform(functools.partial(ppo.actor_critic, num_actions=3)))
+    network = hk.without_apply_rng(hk.transform(functools.partial(
+        ppo.actor_critic, num_actions=3, hidden_sizes=args.hidden_sizes)))
     keys = jax.random.split(jax.random.key(0), 6)
     n = args.minibatch_size
     mb = ppo.Batch(
@@ -225,7 +226,8 @@ def test_parallel_update_step_keeps_every_device_on_the_same_parameters():
     args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=16, num_minibatches=2,
                                             update_epochs=2, total_timesteps=8 * 16 * 3))
     env, env_params = gymnax.make(args.env_id)
-    network = hk.without_apply_rng(hk.transform(functools.partial(ppo.actor_critic, num_actions=3)))
+    network = hk.without_apply_rng(hk.transform(functools.partial(
+        ppo.actor_critic, num_actions=3, hidden_sizes=args.hidden_sizes)))
     optimizer = ppo.make_optimizer(args)
     mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
     runner = jax.jit(functools.partial(ppo.init_runner, env=env, env_params=env_params, network=network,
@@ -255,7 +257,8 @@ def test_update_step_learns_the_probe_optimum_and_bootstraps_through_truncation(
     args = ppo.fill_runtime_fields(ppo.Args(
         num_envs=16, num_steps=16, num_minibatches=4, update_epochs=4, gamma=0.5, learning_rate=3e-3,
         anneal_lr=False, total_timesteps=16 * 16 * 150, ent_coef=0.0, clip_vloss=False))
-    network = hk.without_apply_rng(hk.transform(functools.partial(ppo.actor_critic, num_actions=2)))
+    network = hk.without_apply_rng(hk.transform(functools.partial(
+        ppo.actor_critic, num_actions=2, hidden_sizes=args.hidden_sizes)))
     optimizer = ppo.make_optimizer(args)
     runner = ppo.init_runner(jax.random.key(0), env, env_params, network, optimizer, args.num_envs)
     update_step = jax.jit(ppo.make_update_step(args, env, env_params, network, optimizer))
@@ -338,6 +341,8 @@ def test_script_logs_tensorboard_and_writes_summary(tmp_path):
     (["--vf-coef", "-1"], "--vf-coef must be non-negative"),
     (["--learning-rate", "0"], "--learning-rate must be positive"),
     (["--gamma", "1.5"], "--gamma must be in [0, 1]"),
+    (["--hidden-sizes", "64", "0"], "--hidden-sizes must be one or more positive widths"),
+    (["--hidden-sizes"], "--hidden-sizes must be one or more positive widths"),
     (["--eval-episodes", "0"], "--eval-episodes must be positive"),
     (["--num-devices", "-1"], "--num-devices must be 0 (automatic) or positive"),
     (["--num-devices", "3"], "--num-devices 3 is more than the 2 devices JAX has"),
@@ -349,6 +354,15 @@ def test_script_logs_tensorboard_and_writes_summary(tmp_path):
 def test_bad_arguments_are_rejected(flags, message):
     args = ppo.tyro.cli(ppo.Args, args=flags)
     assert message in ppo.find_arg_error(args)
+
+
+def test_hidden_sizes_set_the_shared_torso():
+    args = ppo.tyro.cli(ppo.Args, args=["--hidden-sizes", "32", "16", "8"])
+    network = hk.without_apply_rng(hk.transform(functools.partial(
+        ppo.actor_critic, num_actions=3, hidden_sizes=args.hidden_sizes)))
+    params = network.init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
+    assert [params[f"torso/~/linear_{i}"]["w"].shape for i in range(3)] == [(400, 32), (32, 16), (16, 8)]
+    assert params["policy"]["w"].shape == (8, 3) and params["value"]["w"].shape == (8, 1)
 
 
 def test_bad_input_exits_2_with_one_line_and_no_run_directory(tmp_path):
