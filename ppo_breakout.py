@@ -167,7 +167,7 @@ def actor_critic(obs: jax.Array, num_actions: int,
     learned worse and made a whole iteration 1.3x slower; cutting the value loss's gradient out of
     the torso learned much worse; a small conv net learned no better at about 3x the cost per
     gradient step; a 32-32 torso was cheaper but learned clearly worse; a 128-128 torso learned
-    somewhat more but trained about 3x slower.
+    somewhat more but trained about 4x slower.
     """
     x = obs.reshape(obs.shape[0], -1)
     # Orthogonal init with gain sqrt(2) for ReLU layers, 0.01 on the policy head so the first policy
