@@ -35,13 +35,17 @@ class Args:
 
 def main() -> None:
     args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
+    error = None
+    if not args.seeds:
+        error = "give at least one seed (--seeds 1 2 3)"
+    elif args.total_timesteps <= 0:
+        error = f"--total-timesteps must be positive, got {args.total_timesteps}"
     try:
         script_args = shlex.split(args.script_args)
-    except ValueError:  # an unclosed quote
-        script_args = None
-    if not args.seeds or args.total_timesteps <= 0 or script_args is None:
-        print("error: give at least one seed, a positive --total-timesteps and --script-args that "
-              "parse as a shell command line", file=sys.stderr)
+    except ValueError as e:  # an unclosed quote
+        error = error or f"--script-args does not parse as a shell command line: {e}"
+    if error:
+        print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     rows = []
     for seed in args.seeds:
