@@ -68,11 +68,10 @@ def test_gae_matches_reference_on_terminated_and_truncated_episodes():
     last_value = rng.normal(size=num_envs).astype(np.float32)
     traj = ppo.Transition(obs=None, action=None, logits=None, value=jnp.asarray(values),
                           reward=jnp.asarray(rewards), terminated=jnp.asarray(terminated),
-                          truncated=jnp.asarray(truncated), final_obs=None, episode_return=None,
+                          truncated=jnp.asarray(truncated), final_value=jnp.asarray(final_values), episode_return=None,
                           episode_length=None)
 
-    advantages, targets = ppo.calculate_gae(traj, jnp.asarray(final_values), jnp.asarray(last_value),
-                                            gamma, lam)
+    advantages, targets = ppo.calculate_gae(traj, jnp.asarray(last_value), gamma, lam)
 
     for env in range(num_envs):
         expected = reference_gae(rewards[:, env], values[:, env], last_value[env],
@@ -80,7 +79,8 @@ def test_gae_matches_reference_on_terminated_and_truncated_episodes():
         np.testing.assert_allclose(advantages[:, env], expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(targets, advantages + values, rtol=1e-6)
     # The truncated step bootstraps from v(final_obs): changing it changes that step's advantage.
-    shifted = ppo.calculate_gae(traj, jnp.asarray(final_values) + 1.0, jnp.asarray(last_value), gamma, lam)[0]
+    shifted_traj = traj._replace(final_value=traj.final_value + 1.0)
+    shifted = ppo.calculate_gae(shifted_traj, jnp.asarray(last_value), gamma, lam)[0]
     assert np.isclose(shifted[4, 1] - advantages[4, 1], gamma, atol=1e-5)
     assert np.isclose(shifted[2, 0], advantages[2, 0])  # terminated: v(final_obs) is not used
 
@@ -138,10 +138,11 @@ def test_value_loss_clipping_is_pessimistic():
 # Rollout bookkeeping and evaluation, on a probe environment with known answers
 # ------------------------------------------------------------------------------------------------
 def always_action_one(obs):
-    return jnp.tile(jnp.array([-20.0, 20.0]), (obs.shape[0], 1)), jnp.zeros(obs.shape[0])
+    """Action 1 with certainty; the value is the probe's clock, time / 10, so v(o) tells which o it saw."""
+    return jnp.tile(jnp.array([-20.0, 20.0]), (obs.shape[0], 1)), obs[:, 0]
 
 
-def test_rollout_records_only_completed_episodes_and_the_pre_reset_observation():
+def test_rollout_records_only_completed_episodes_and_the_pre_reset_value():
     env, env_params = ProbeEnv(), ProbeEnv().default_params  # episodes of 2 or 3 steps, or 4 (truncated)
     network = hk.without_apply_rng(hk.transform(always_action_one))
     num_envs, num_steps = 16, 12
@@ -158,8 +159,12 @@ def test_rollout_records_only_completed_episodes_and_the_pre_reset_observation()
     assert set(lengths[done]) <= {2, 3, 4} and np.array_equal(returns[done], lengths[done])
     assert np.all(lengths[np.asarray(traj.truncated)] == 4)
     assert np.all(np.asarray(traj.terminated)[lengths == 4] == False)  # noqa: E712 (the time limit, not the game)
-    # final_obs is the observation reached (time = length), not the reset one (time = 0).
-    np.testing.assert_allclose(np.asarray(traj.final_obs)[done][:, 0], lengths[done] / 10.0, rtol=1e-6)
+    # A truncated step carries v(final_obs), the value of the observation reached (time 4), not of the
+    # reset one (time 0); every other step carries 0, as GAE does not read it there.
+    truncated = np.asarray(traj.truncated)
+    assert truncated.any() and (~truncated & done).any()
+    np.testing.assert_allclose(np.asarray(traj.final_value)[truncated], 0.4, rtol=1e-6)
+    assert np.all(np.asarray(traj.final_value)[~truncated] == 0.0)
     assert np.all(np.asarray(traj.obs)[1:][done[:-1]][:, 0] == 0.0)  # the next step starts from a reset
 
 
