@@ -230,8 +230,8 @@ def collect_trajectories(runner: RunnerState, env, env_params, network: hk.Trans
         obs, env_state, reward, terminated, truncated, info = vmap_step(
             step_keys, runner.env_state, action, env_params)
         done = terminated | truncated
-        # Only a truncated step bootstraps from v(final_obs). An environment is truncated at most once
-        # in 1000 steps, so this extra forward pass runs only on the rare steps that have one.
+        # Only a truncated step bootstraps from v(final_obs), and an environment is truncated at most
+        # once per time limit (1000 steps in Breakout): this extra forward pass runs only on such steps.
         final_value = jax.lax.cond(
             truncated.any(),
             lambda: jnp.where(truncated, network.apply(runner.params, info["final_observation"])[1], 0.0),
@@ -259,10 +259,10 @@ def calculate_gae(traj: Transition, last_value: jax.Array, gamma: float,
     """Advantages and lambda-returns, (num_steps, num_envs) each, with gymnax 1.0's two endings.
 
     `last_value` is v(o_T) after the rollout. On a terminated step the future is worth 0. On a
-    truncated step the episode did not end, the clock did: the future is worth v(final_obs), the
-    observation the agent reached, not the reset observation that replaced it. Folding
-    gamma * v(final_obs) into the reward and cutting the discount there lets rlax's GAE see both
-    cases as an ordinary episode end (Pardo et al. 2018, "Time Limits in RL").
+    truncated step the episode did not end, the clock did: the future is worth v(final_obs)
+    (`traj.final_value`), the observation the agent reached, not the reset observation that replaced
+    it. Folding gamma * v(final_obs) into the reward and cutting the discount there lets rlax's GAE
+    see both cases as an ordinary episode end (Pardo et al. 2018, "Time Limits in RL").
     """
     bootstrap = traj.truncated & ~traj.terminated
     r_t = traj.reward + gamma * jnp.where(bootstrap, traj.final_value, 0.0)
