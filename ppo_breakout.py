@@ -219,7 +219,11 @@ class Batch(NamedTuple):
 # ---------------------------------------------------------------------------------------------------
 def collect_trajectories(runner: RunnerState, env, env_params, network: hk.Transformed,
                          num_steps: int) -> tuple[RunnerState, Transition]:
-    """Steps all environments `num_steps` times with the current policy (a `lax.scan` over time)."""
+    """Steps all environments `num_steps` times with the current policy (a `lax.scan` over time).
+
+    Each step also records v(final_obs) for the environments the time limit cut, with the same
+    parameters, for GAE to bootstrap from.
+    """
     vmap_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
 
     def env_step(runner: RunnerState, _) -> tuple[RunnerState, Transition]:
@@ -231,7 +235,9 @@ def collect_trajectories(runner: RunnerState, env, env_params, network: hk.Trans
             step_keys, runner.env_state, action, env_params)
         done = terminated | truncated
         # Only a truncated step bootstraps from v(final_obs), and an environment is truncated at most
-        # once per time limit (1000 steps in Breakout): this extra forward pass runs only on such steps.
+        # once per time limit (1000 steps in Breakout): this extra forward pass runs only on steps where
+        # one of this device's environments was. (Under vmap, as in benchmarks/tune.py, the predicate is
+        # batched and JAX turns the cond into a select that runs the pass on every step.)
         final_value = jax.lax.cond(
             truncated.any(),
             lambda: jnp.where(truncated, network.apply(runner.params, info["final_observation"])[1], 0.0),
