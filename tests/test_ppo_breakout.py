@@ -284,6 +284,22 @@ def test_parallel_update_step_keeps_every_device_on_the_same_parameters():
     assert runner.obs.sharding.spec == P("data")
 
 
+def test_loss_metrics_average_every_epoch_and_minibatch():
+    # The first gradient step sees the rollout's own parameters (ratio 1: nothing clipped); an Adam
+    # step of size 1 then moves the policy so far that every later step clips everything. Over 2 epochs
+    # x 2 minibatches the mean clip fraction is therefore 3/4: 1 would mean only the last step was
+    # reported, 0 only the first.
+    args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=16, num_minibatches=2, update_epochs=2,
+                                            learning_rate=1.0, anneal_lr=False, total_timesteps=128))
+    env, env_params = gymnax.make(args.env_id)
+    network = hk.without_apply_rng(hk.transform(functools.partial(
+        ppo.actor_critic, num_actions=3, hidden_sizes=args.hidden_sizes)))
+    optimizer = ppo.make_optimizer(args)
+    runner = ppo.init_runner(jax.random.key(0), env, env_params, network, optimizer, args.num_envs)
+    _, metrics = jax.jit(ppo.make_update_step(args, env, env_params, network, optimizer))(runner)
+    assert np.isclose(metrics["clipfrac"], 0.75, atol=0.02)
+
+
 # ------------------------------------------------------------------------------------------------
 # Learning: a probe with a known optimum, then Breakout against the random policy
 # ------------------------------------------------------------------------------------------------
