@@ -179,6 +179,12 @@ def actor_critic(obs: jax.Array, num_actions: int,
     return logits, value[:, 0]
 
 
+def make_network(num_actions: int, hidden_sizes: tuple[int, ...]) -> hk.Transformed:
+    """`actor_critic` as Haiku's pure (init, apply) pair; apply takes no random key."""
+    return hk.without_apply_rng(hk.transform(
+        functools.partial(actor_critic, num_actions=num_actions, hidden_sizes=hidden_sizes)))
+
+
 # ---------------------------------------------------------------------------------------------------
 # Containers for the state that flows through jit and scan
 # ---------------------------------------------------------------------------------------------------
@@ -234,10 +240,9 @@ def collect_trajectories(runner: RunnerState, env, env_params, network: hk.Trans
         obs, env_state, reward, terminated, truncated, info = vmap_step(
             step_keys, runner.env_state, action, env_params)
         done = terminated | truncated
-        # Only a truncated step bootstraps from v(final_obs), and an environment is truncated at most
-        # once per time limit (1000 steps in Breakout): this extra forward pass runs only on steps where
-        # one of this device's environments was. (Under vmap, as in benchmarks/tune.py, the predicate is
-        # batched and JAX turns the cond into a select that runs the pass on every step.)
+        # Only truncated steps bootstrap from v(final_obs), and the time limit (1000 steps in Breakout)
+        # is rare, so this forward pass runs only on steps where one of this device's environments hit
+        # it. Under vmap (benchmarks/tune.py) the predicate is batched and the cond becomes a select.
         final_value = jax.lax.cond(
             truncated.any(),
             lambda: jnp.where(truncated, network.apply(runner.params, info["final_observation"])[1], 0.0),
@@ -496,9 +501,7 @@ def main() -> None:
     writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
         f"|{name}|{value}|" for name, value in vars(args).items()))
 
-    network = hk.without_apply_rng(hk.transform(
-        functools.partial(actor_critic, num_actions=env.action_space(env_params).n,
-                          hidden_sizes=args.hidden_sizes)))
+    network = make_network(env.action_space(env_params).n, args.hidden_sizes)
     optimizer = make_optimizer(args)
 
     mesh = Mesh(np.array(jax.devices()[:args.num_devices]), ("data",))

@@ -14,7 +14,6 @@ Run:  python benchmarks/tune.py --ppo.gae-lambda 0.9 --num-seeds 4
 """
 
 import dataclasses
-import functools
 import json
 import os
 import sys
@@ -23,7 +22,6 @@ num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") els
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(num_cores or 1))  # before JAX starts
 
 import gymnax
-import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -59,9 +57,7 @@ def main() -> None:
     ppo_breakout.fill_runtime_fields(cfg)
 
     env, env_params = gymnax.make(cfg.env_id)
-    network = hk.without_apply_rng(hk.transform(
-        functools.partial(ppo_breakout.actor_critic, num_actions=env.action_space(env_params).n,
-                          hidden_sizes=cfg.hidden_sizes)))
+    network = ppo_breakout.make_network(env.action_space(env_params).n, cfg.hidden_sizes)
     optimizer = ppo_breakout.make_optimizer(cfg)
     update_step = ppo_breakout.make_update_step(cfg, env, env_params, network, optimizer)
 

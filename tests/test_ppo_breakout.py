@@ -68,8 +68,8 @@ def test_gae_matches_reference_on_terminated_and_truncated_episodes():
     last_value = rng.normal(size=num_envs).astype(np.float32)
     traj = ppo.Transition(obs=None, action=None, logits=None, value=jnp.asarray(values),
                           reward=jnp.asarray(rewards), terminated=jnp.asarray(terminated),
-                          truncated=jnp.asarray(truncated), final_value=jnp.asarray(final_values), episode_return=None,
-                          episode_length=None)
+                          truncated=jnp.asarray(truncated), final_value=jnp.asarray(final_values),
+                          episode_return=None, episode_length=None)
 
     advantages, targets = ppo.calculate_gae(traj, jnp.asarray(last_value), gamma, lam)
 
@@ -229,8 +229,7 @@ def test_data_parallel_step_equals_the_single_device_step_on_the_whole_minibatch
     # of it. The halves have different advantage statistics, so normalising per device would fail.
     assert len(jax.devices()) >= 2  # conftest.py asks for two CPU devices
     args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=32, num_minibatches=1))
-    network = hk.without_apply_rng(hk.transform(functools.partial(
-        ppo.actor_critic, num_actions=3, hidden_sizes=args.hidden_sizes)))
+    network = ppo.make_network(3, args.hidden_sizes)
     keys = jax.random.split(jax.random.key(0), 6)
     n = args.minibatch_size
     mb = ppo.Batch(
@@ -265,8 +264,7 @@ def test_parallel_update_step_keeps_every_device_on_the_same_parameters():
     args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=16, num_minibatches=2,
                                             update_epochs=2, total_timesteps=8 * 16 * 3))
     env, env_params = gymnax.make(args.env_id)
-    network = hk.without_apply_rng(hk.transform(functools.partial(
-        ppo.actor_critic, num_actions=3, hidden_sizes=args.hidden_sizes)))
+    network = ppo.make_network(3, args.hidden_sizes)
     optimizer = ppo.make_optimizer(args)
     mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
     runner = jax.jit(functools.partial(ppo.init_runner, env=env, env_params=env_params, network=network,
@@ -292,8 +290,7 @@ def test_loss_metrics_average_every_epoch_and_minibatch():
     args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=16, num_minibatches=2, update_epochs=2,
                                             learning_rate=1.0, anneal_lr=False, total_timesteps=128))
     env, env_params = gymnax.make(args.env_id)
-    network = hk.without_apply_rng(hk.transform(functools.partial(
-        ppo.actor_critic, num_actions=3, hidden_sizes=args.hidden_sizes)))
+    network = ppo.make_network(3, args.hidden_sizes)
     optimizer = ppo.make_optimizer(args)
     runner = ppo.init_runner(jax.random.key(0), env, env_params, network, optimizer, args.num_envs)
     _, metrics = jax.jit(ppo.make_update_step(args, env, env_params, network, optimizer))(runner)
@@ -312,8 +309,7 @@ def test_update_step_learns_the_probe_optimum_and_bootstraps_through_truncation(
     args = ppo.fill_runtime_fields(ppo.Args(
         num_envs=16, num_steps=16, num_minibatches=4, update_epochs=4, gamma=0.5, learning_rate=3e-3,
         anneal_lr=False, total_timesteps=16 * 16 * 150, ent_coef=0.0, clip_vloss=False))
-    network = hk.without_apply_rng(hk.transform(functools.partial(
-        ppo.actor_critic, num_actions=2, hidden_sizes=args.hidden_sizes)))
+    network = ppo.make_network(2, args.hidden_sizes)
     optimizer = ppo.make_optimizer(args)
     runner = ppo.init_runner(jax.random.key(0), env, env_params, network, optimizer, args.num_envs)
     update_step = jax.jit(ppo.make_update_step(args, env, env_params, network, optimizer))
@@ -413,8 +409,7 @@ def test_bad_arguments_are_rejected(flags, message):
 
 def test_hidden_sizes_set_the_shared_torso():
     args = ppo.tyro.cli(ppo.Args, args=["--hidden-sizes", "32", "16", "8"])
-    network = hk.without_apply_rng(hk.transform(functools.partial(
-        ppo.actor_critic, num_actions=3, hidden_sizes=args.hidden_sizes)))
+    network = ppo.make_network(3, args.hidden_sizes)
     params = network.init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
     assert [params[f"torso/~/linear_{i}"]["w"].shape for i in range(3)] == [(400, 32), (32, 16), (16, 8)]
     assert params["policy"]["w"].shape == (8, 3) and params["value"]["w"].shape == (8, 1)
