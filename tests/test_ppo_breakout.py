@@ -142,16 +142,31 @@ def always_action_one(obs):
     return jnp.tile(jnp.array([-20.0, 20.0]), (obs.shape[0], 1)), obs[:, 0]
 
 
+def probe_runner(key: jax.Array, num_envs: int = 16) -> ppo.RunnerState:
+    """Fresh ProbeEnv environments for `always_action_one`, which has no parameters to train."""
+    env = ProbeEnv()
+    reset_key, key = jax.random.split(key)
+    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, num_envs),
+                                                            env.default_params)
+    return ppo.RunnerState(params={}, opt_state=None, env_state=env_state, obs=obs,
+                           episode_return=jnp.zeros(num_envs), episode_length=jnp.zeros(num_envs, jnp.int32),
+                           key=key)
+
+
+def assert_truncated_steps_carry_the_value_of_final_obs(traj: ppo.Transition):
+    # v(final_obs) is the value of the observation reached (time 4 / 10), not of the reset one (time
+    # 0), on truncated steps; every other step carries 0, as GAE does not read it there.
+    truncated, final_value = np.asarray(traj.truncated), np.asarray(traj.final_value)
+    assert truncated.any()
+    np.testing.assert_allclose(final_value[truncated], 0.4, rtol=1e-6)
+    assert np.all(final_value[~truncated] == 0.0)
+
+
 def test_rollout_records_only_completed_episodes_and_the_pre_reset_value():
     env, env_params = ProbeEnv(), ProbeEnv().default_params  # episodes of 2 or 3 steps, or 4 (truncated)
     network = hk.without_apply_rng(hk.transform(always_action_one))
-    num_envs, num_steps = 16, 12
-    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(jax.random.key(1), num_envs), env_params)
-    runner = ppo.RunnerState(params={}, opt_state=None, env_state=env_state, obs=obs,
-                             episode_return=jnp.zeros(num_envs), episode_length=jnp.zeros(num_envs, jnp.int32),
-                             key=jax.random.key(2))
 
-    _, traj = ppo.collect_trajectories(runner, env, env_params, network, num_steps)
+    _, traj = ppo.collect_trajectories(probe_runner(jax.random.key(1)), env, env_params, network, num_steps=12)
 
     done = np.asarray(traj.terminated | traj.truncated)
     lengths, returns = np.asarray(traj.episode_length), np.asarray(traj.episode_return)
@@ -159,12 +174,8 @@ def test_rollout_records_only_completed_episodes_and_the_pre_reset_value():
     assert set(lengths[done]) <= {2, 3, 4} and np.array_equal(returns[done], lengths[done])
     assert np.all(lengths[np.asarray(traj.truncated)] == 4)
     assert np.all(np.asarray(traj.terminated)[lengths == 4] == False)  # noqa: E712 (the time limit, not the game)
-    # A truncated step carries v(final_obs), the value of the observation reached (time 4), not of the
-    # reset one (time 0); every other step carries 0, as GAE does not read it there.
-    truncated = np.asarray(traj.truncated)
-    assert truncated.any() and (~truncated & done).any()
-    np.testing.assert_allclose(np.asarray(traj.final_value)[truncated], 0.4, rtol=1e-6)
-    assert np.all(np.asarray(traj.final_value)[~truncated] == 0.0)
+    assert (np.asarray(traj.terminated) & done).any()
+    assert_truncated_steps_carry_the_value_of_final_obs(traj)
     assert np.all(np.asarray(traj.obs)[1:][done[:-1]][:, 0] == 0.0)  # the next step starts from a reset
 
 
@@ -175,30 +186,23 @@ def test_rollout_value_of_final_obs_per_device_and_under_vmap():
     # device or one vmapped runner has a truncation and the other has none.
     env, env_params = ProbeEnv(), ProbeEnv().default_params
     network = hk.without_apply_rng(hk.transform(always_action_one))
-    num_envs, num_steps = 16, 12
-
-    def fresh_runner(key):
-        obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(key, num_envs), env_params)
-        return ppo.RunnerState(params={}, opt_state=None, env_state=env_state, obs=obs,
-                               episode_return=jnp.zeros(num_envs),
-                               episode_length=jnp.zeros(num_envs, jnp.int32), key=key)
+    num_envs = 16
 
     def rollout(runner):
-        return ppo.collect_trajectories(runner, env, env_params, network, num_steps)[1]
+        return ppo.collect_trajectories(runner, env, env_params, network, num_steps=12)[1]
 
     def check(traj, groups):
-        truncated, final_value = np.asarray(traj.truncated), np.asarray(traj.final_value)
-        np.testing.assert_allclose(final_value[truncated], 0.4, rtol=1e-6)
-        assert np.all(final_value[~truncated] == 0.0)
-        any_truncated = [group.any(axis=1) for group in groups(truncated)]
+        assert_truncated_steps_carry_the_value_of_final_obs(traj)
+        any_truncated = [group.any(axis=1) for group in groups(np.asarray(traj.truncated))]
         assert (any_truncated[0] != any_truncated[1]).any()  # the cond went both ways on one step
 
     mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
     on_devices = jax.jit(jax.shard_map(rollout, mesh=mesh, in_specs=(ppo.RUNNER_SPECS,),
                                        out_specs=P(None, "data"), check_vma=False))
-    check(on_devices(fresh_runner(jax.random.key(1))), lambda x: (x[:, :num_envs // 2], x[:, num_envs // 2:]))
+    check(on_devices(probe_runner(jax.random.key(1), num_envs)),
+          lambda x: (x[:, :num_envs // 2], x[:, num_envs // 2:]))
 
-    runners = jax.vmap(fresh_runner)(jax.random.split(jax.random.key(2), 2))
+    runners = jax.vmap(probe_runner, in_axes=(0, None))(jax.random.split(jax.random.key(2), 2), num_envs)
     check(jax.jit(jax.vmap(rollout))(runners), lambda x: (x[0], x[1]))
 
 
