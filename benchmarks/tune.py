@@ -57,7 +57,7 @@ def main() -> None:
     ppo_breakout.fill_runtime_fields(cfg)
 
     env, env_params = gymnax.make(cfg.env_id)
-    network = ppo_breakout.make_network(env.action_space(env_params).n, cfg.hidden_sizes)
+    network = ppo_breakout.make_network(env.action_space(env_params).n, cfg.hidden_sizes, cfg.activation)
     optimizer = ppo_breakout.make_optimizer(cfg)
     update_step = ppo_breakout.make_update_step(cfg, env, env_params, network, optimizer)
 

@@ -233,7 +233,7 @@ def test_data_parallel_step_equals_the_single_device_step_on_the_whole_minibatch
     # of it. The halves have different advantage statistics, so normalising per device would fail.
     assert len(jax.devices()) >= 2  # conftest.py asks for two CPU devices
     args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=32, num_minibatches=1))
-    network = ppo.make_network(3, args.hidden_sizes)
+    network = ppo.make_network(3, args.hidden_sizes, args.activation)
     keys = jax.random.split(jax.random.key(0), 6)
     n = args.minibatch_size
     mb = ppo.Batch(
@@ -268,7 +268,7 @@ def test_parallel_update_step_keeps_every_device_on_the_same_parameters():
     args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=16, num_minibatches=2,
                                             update_epochs=2, total_timesteps=8 * 16 * 3))
     env, env_params = gymnax.make(args.env_id)
-    network = ppo.make_network(3, args.hidden_sizes)
+    network = ppo.make_network(3, args.hidden_sizes, args.activation)
     optimizer = ppo.make_optimizer(args)
     mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
     runner = jax.jit(functools.partial(ppo.init_runner, env=env, env_params=env_params, network=network,
@@ -294,7 +294,7 @@ def test_loss_metrics_average_every_epoch_and_minibatch():
     args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=16, num_minibatches=2, update_epochs=2,
                                             learning_rate=1.0, anneal_lr=False, total_timesteps=128))
     env, env_params = gymnax.make(args.env_id)
-    network = ppo.make_network(3, args.hidden_sizes)
+    network = ppo.make_network(3, args.hidden_sizes, args.activation)
     optimizer = ppo.make_optimizer(args)
     runner = ppo.init_runner(jax.random.key(0), env, env_params, network, optimizer, args.num_envs)
     _, metrics = jax.jit(ppo.make_update_step(args, env, env_params, network, optimizer))(runner)
@@ -313,7 +313,7 @@ def test_update_step_learns_the_probe_optimum_and_bootstraps_through_truncation(
     args = ppo.fill_runtime_fields(ppo.Args(
         num_envs=16, num_steps=16, num_minibatches=4, update_epochs=4, gamma=0.5, learning_rate=3e-3,
         anneal_lr=False, total_timesteps=16 * 16 * 150, ent_coef=0.0, clip_vloss=False))
-    network = ppo.make_network(2, args.hidden_sizes)
+    network = ppo.make_network(2, args.hidden_sizes, args.activation)
     optimizer = ppo.make_optimizer(args)
     runner = ppo.init_runner(jax.random.key(0), env, env_params, network, optimizer, args.num_envs)
     update_step = jax.jit(ppo.make_update_step(args, env, env_params, network, optimizer))
@@ -411,12 +411,21 @@ def test_bad_arguments_are_rejected(flags, message):
     assert message in ppo.find_arg_error(args)
 
 
-def test_hidden_sizes_set_the_shared_torso():
-    args = ppo.tyro.cli(ppo.Args, args=["--hidden-sizes", "32", "16", "8"])
-    network = ppo.make_network(3, args.hidden_sizes)
+@pytest.mark.parametrize("activation, feature_factor", [("relu", 1), ("crelu", 2)])
+def test_hidden_sizes_and_activation_set_the_shared_torso(activation, feature_factor):
+    # A CReLU layer of width w passes 2w features on, so each next layer reads twice as many inputs.
+    args = ppo.tyro.cli(ppo.Args, args=["--hidden-sizes", "32", "16", "8", "--activation", activation])
+    network = ppo.make_network(3, args.hidden_sizes, args.activation)
     params = network.init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
-    assert [params[f"torso/~/linear_{i}"]["w"].shape for i in range(3)] == [(400, 32), (32, 16), (16, 8)]
-    assert params["policy"]["w"].shape == (8, 3) and params["value"]["w"].shape == (8, 1)
+    f = feature_factor
+    shapes = [params[f"torso/~/linear_{i}"]["w"].shape for i in range(3)]
+    assert shapes == [(400, 32), (32 * f, 16), (16 * f, 8)]
+    assert params["policy"]["w"].shape == (8 * f, 3) and params["value"]["w"].shape == (8 * f, 1)
+
+
+def test_crelu_passes_each_input_on_in_one_half():
+    x = jnp.array([[-1.5, 0.0, 2.0]])
+    np.testing.assert_array_equal(ppo.crelu(x), [[0.0, 0.0, 2.0, 1.5, 0.0, 0.0]])
 
 
 def test_bad_input_exits_2_with_one_line_and_no_run_directory(tmp_path):
