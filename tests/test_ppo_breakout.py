@@ -411,9 +411,10 @@ def test_bad_arguments_are_rejected(flags, message):
     assert message in ppo.find_arg_error(args)
 
 
-@pytest.mark.parametrize("activation, feature_factor", [("relu", 1), ("crelu", 2)])
-def test_hidden_sizes_and_activation_set_the_shared_torso(activation, feature_factor):
+@pytest.mark.parametrize("activation, feature_factor, gain", [("relu", 1, np.sqrt(2)), ("crelu", 2, 1.0)])
+def test_hidden_sizes_and_activation_set_the_shared_torso(activation, feature_factor, gain):
     # A CReLU layer of width w passes 2w features on, so each next layer reads twice as many inputs.
+    # Its orthogonal init has gain 1 (CReLU keeps the norm), a ReLU layer's sqrt(2): unit columns x gain.
     args = ppo.tyro.cli(ppo.Args, args=["--hidden-sizes", "32", "16", "8", "--activation", activation])
     network = ppo.make_network(3, args.hidden_sizes, args.activation)
     params = network.init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
@@ -421,6 +422,7 @@ def test_hidden_sizes_and_activation_set_the_shared_torso(activation, feature_fa
     shapes = [params[f"torso/~/linear_{i}"]["w"].shape for i in range(3)]
     assert shapes == [(400, 32), (32 * f, 16), (16 * f, 8)]
     assert params["policy"]["w"].shape == (8 * f, 3) and params["value"]["w"].shape == (8 * f, 1)
+    np.testing.assert_allclose(np.linalg.norm(params["torso/~/linear_0"]["w"], axis=0), gain, rtol=1e-5)
 
 
 def test_crelu_passes_each_input_on_in_one_half():
