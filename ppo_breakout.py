@@ -178,7 +178,7 @@ def actor_critic(obs: jax.Array, num_actions: int, hidden_sizes: tuple[int, ...]
     observation. CReLU (Shang et al. 2016; against lost plasticity in RL, Abbas et al. 2023,
     arXiv:2303.07507) has no unit silent on every input and passes twice the features on, for 15%
     more multiply-adds: over 40 seeds it scored 41.9 against ReLU's 31.8, and trains ~15% slower.
-    It takes both layers at full width: CReLU in one layer only, or at 60-60, lost most of the gain.
+    It takes both layers, and width: CReLU in one layer only lost the gain; 56-56 CReLU scored 36.8.
     """
     x = obs.reshape(obs.shape[0], -1)
     # Orthogonal init (Engstrom et al. 2020, "Implementation Matters"): gain sqrt(2) makes up for the
