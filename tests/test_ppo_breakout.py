@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import typing
 
 import gymnax
 import haiku as hk
@@ -423,6 +424,10 @@ def test_hidden_sizes_and_activation_set_the_shared_torso(activation, feature_fa
     assert shapes == [(400, 32), (32 * f, 16), (16 * f, 8)]
     assert params["policy"]["w"].shape == (8 * f, 3) and params["value"]["w"].shape == (8 * f, 1)
     np.testing.assert_allclose(np.linalg.norm(params["torso/~/linear_0"]["w"], axis=0), gain, rtol=1e-5)
+
+
+def test_every_activation_the_cli_accepts_has_a_gain():
+    assert set(typing.get_args(ppo.Args.__annotations__["activation"])) == set(ppo.ACTIVATIONS)
 
 
 def test_crelu_passes_each_input_on_in_one_half():
