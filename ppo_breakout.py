@@ -12,12 +12,19 @@ Help: python ppo_breakout.py --help
 Docs: README.md ("ppo_breakout.py")
 """
 
+import contextlib
 import dataclasses
 import functools
 import gc
+import io
+import itertools
 import json
+import math
 import os
+import re
+import signal
 import sys
+import tempfile
 import time
 from typing import Any, Literal, NamedTuple
 
@@ -34,6 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import rlax
+import safetensors
+import safetensors.numpy
 import tyro
 from gymnax.environments import spaces
 from jax.sharding import Mesh, NamedSharding
@@ -95,6 +104,11 @@ class Args:
     jax_cache_dir: str = "~/.cache/jax"
     """JAX's persistent compilation cache: a rerun with the same shapes and hyperparameters (another
     seed, say) loads the compiled programs instead of compiling them again; "" turns it off"""
+    save_model: bool = True
+    """save the final parameters to model.safetensors in the run directory"""
+    load_model: str = ""
+    """evaluate this model.safetensors instead of training (--env-id, --hidden-sizes and --activation
+    must be those it was trained with)"""
 
     # filled at runtime
     batch_size: int = dataclasses.field(init=False, default=0)
@@ -105,23 +119,64 @@ class Args:
     """the number of PPO iterations, total_timesteps // batch_size"""
 
 
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+MAX_SEED = 2**32 - 1  # jax.random.key takes a 32-bit seed without folding
+MAX_UPDATES = 2**31 - 1  # optax counts gradient steps (schedule, Adam's bias correction) in int32
+
+
+def available_memory_bytes() -> int:
+    """Memory the OS can give this process now (MemAvailable), or all of it where that is unknown."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/meminfo") as f:
+            return int(next(line for line in f if line.startswith("MemAvailable")).split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def estimate_memory_bytes(args: Args, env, env_params) -> tuple[int, int]:
+    """Generous estimates of the peak memory of (training, evaluation): a few copies of what the
+    rollout, the minibatch step and the evaluation's episodes hold at once."""
+    obs, state = jax.eval_shape(env.reset, jax.random.key(0), env_params)
+    nbytes = lambda tree: sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa: E731
+    layer_inputs = [math.prod(obs.shape)] + [2 * width for width in args.hidden_sizes]  # CReLU: 2x
+    num_params = sum(i * o for i, o in zip(layer_inputs, [*args.hidden_sizes, env.num_actions + 1]))
+    features = 4 * sum(layer_inputs)  # float32 activations of one sample
+    sample = nbytes(obs) + 4 * (env.num_actions + 8)  # one Transition
+    training = 4 * (args.num_envs * args.num_steps * sample + args.num_envs * (nbytes(state) + features)
+                    + args.num_envs * args.num_steps // args.num_minibatches * features + 8 * num_params)
+    evaluation = 2 * args.eval_episodes * (2 * nbytes(obs) + nbytes(state) + features)
+    return training, evaluation
+
+
 def find_arg_error(args: Args) -> str | None:
     """Returns what is wrong with `args`, or None. Runs before anything is compiled or written."""
     for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs",
                  "eval_episodes"):
         if getattr(args, name) <= 0:
-            return f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}"
-    for name in ("learning_rate", "clip_coef", "max_grad_norm"):
-        if not getattr(args, name) > 0:
-            return f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}"
+            return f"{flag(name)} must be positive, got {getattr(args, name)}"
+    if not 0 <= args.seed <= MAX_SEED:
+        return f"--seed must be in [0, {MAX_SEED}], got {args.seed}"
+    # `not x > 0` rather than `x <= 0`: NaN fails every comparison; math.isfinite turns away inf.
+    for name in ("learning_rate", "max_grad_norm"):
+        value = getattr(args, name)
+        if not (value > 0 and math.isfinite(value)):
+            return f"{flag(name)} must be a positive finite number, got {value}"
     for name in ("ent_coef", "vf_coef"):
-        if not getattr(args, name) >= 0:
-            return f"--{name.replace('_', '-')} must be non-negative, got {getattr(args, name)}"
+        value = getattr(args, name)
+        if not (value >= 0 and math.isfinite(value)):
+            return f"{flag(name)} must be a non-negative finite number, got {value}"
+    for name, low, high in (("gamma", 0, 1), ("gae_lambda", 0, 1), ("clip_coef", 0, 1)):
+        value = getattr(args, name)
+        if not (low < value <= high if name == "clip_coef" else low <= value <= high):
+            interval = "(0, 1]" if name == "clip_coef" else "[0, 1]"
+            return f"{flag(name)} must be in {interval}, got {value}"
     if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
         return f"--hidden-sizes must be one or more positive widths, got {args.hidden_sizes}"
-    for name in ("gamma", "gae_lambda"):
-        if not 0 <= getattr(args, name) <= 1:
-            return f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}"
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", args.exp_name) or ".." in args.exp_name:
+        return (f"--exp-name must be a plain name of letters, digits, '_', '-' and '.' (no path, "
+                f"no '..', at most 100 characters), got {args.exp_name!r}")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         return (f"the batch (num_envs * num_steps = {batch_size}) does not divide into "
@@ -129,6 +184,10 @@ def find_arg_error(args: Args) -> str | None:
     if args.total_timesteps < batch_size:
         return (f"--total-timesteps {args.total_timesteps} is less than one batch "
                 f"(num_envs * num_steps = {batch_size})")
+    num_updates = args.total_timesteps // batch_size * args.update_epochs * args.num_minibatches
+    if num_updates > MAX_UPDATES:
+        return (f"{num_updates:,} gradient steps (--total-timesteps / batch x --update-epochs x "
+                f"--num-minibatches) is more than the optimizer can count ({MAX_UPDATES:,})")
     if args.num_devices < 0:
         return f"--num-devices must be 0 (automatic) or positive, got {args.num_devices}"
     num_available = len(jax.devices())
@@ -138,12 +197,46 @@ def find_arg_error(args: Args) -> str | None:
     if args.num_devices and (args.num_envs % args.num_devices or minibatch_size % args.num_devices):
         return (f"--num-devices {args.num_devices} must divide both --num-envs {args.num_envs} and "
                 f"the minibatch size {minibatch_size}")
+    cache_dir = os.path.expanduser(args.jax_cache_dir)
+    if args.jax_cache_dir and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
+        return f"--jax-cache-dir {args.jax_cache_dir} exists and is not a directory"
+    if args.load_model and not os.path.isfile(args.load_model):
+        return f"--load-model {args.load_model}: no such file"
     if args.env_id not in gymnax.registered_envs:
         return f"unknown --env-id {args.env_id!r}; gymnax has: {', '.join(gymnax.registered_envs)}"
     env, env_params = gymnax.make(args.env_id)
     if not isinstance(env.action_space(env_params), spaces.Discrete):
         return f"--env-id {args.env_id} has continuous actions; this script handles discrete ones"
+    training, evaluation = estimate_memory_bytes(args, env, env_params)
+    available = available_memory_bytes()
+    if training > available:
+        return (f"training would need about {training / 2**30:,.1f} GiB of memory (--num-envs x "
+                f"--num-steps, --hidden-sizes) and {available / 2**30:,.1f} GiB are available")
+    if evaluation > available:
+        return (f"--eval-episodes {args.eval_episodes} would need about {evaluation / 2**30:,.1f} GiB "
+                f"of memory to play all episodes at once and {available / 2**30:,.1f} GiB are available")
     return None
+
+
+def parse_args(argv: list[str] | None = None) -> Args:
+    """The command line as Args, or exit status 2 with one `error:` line (tyro's own parse errors too)."""
+    messages = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(messages):
+            args = tyro.cli(Args, args=argv, description=__doc__.split("\n\n")[0])
+    except SystemExit as exit_:
+        if exit_.code:  # tyro's boxed message: a title line, then the message up to a rule
+            rule = set("─-╰╯")
+            body = [line.strip().strip("│").strip() for line in messages.getvalue().splitlines()[1:]]
+            body = list(itertools.dropwhile(lambda line: not line or set(line) <= rule, body))
+            message = itertools.takewhile(lambda line: line and not set(line) <= rule, body)
+            print(f"error: {' '.join(message)}", file=sys.stderr)
+        raise
+    error = find_arg_error(args)
+    if error is not None:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    return args
 
 
 def fill_runtime_fields(args: Args) -> Args:
@@ -398,7 +491,9 @@ def update_minibatch(train_state: tuple[hk.Params, optax.OptState], mb: Batch, n
         mb = mb._replace(advantage=(mb.advantage - mean) / (std + 1e-8))
     grads, metrics = jax.grad(ppo_loss, has_aux=True)(params, network, mb, args)
     flat_grads, unravel = jax.flatten_util.ravel_pytree(grads)
-    grads = unravel(mean_over_devices(flat_grads, axis_name))
+    flat_grads = mean_over_devices(flat_grads, axis_name)
+    metrics["grad_norm"] = jnp.linalg.norm(flat_grads)  # before clipping
+    grads = unravel(flat_grads)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state), metrics
 
@@ -464,6 +559,9 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
         metrics["episodes"] = sum_over_devices(done.sum())
         metrics["episode_return_sum"] = sum_over_devices(traj.episode_return.sum())
         metrics["episode_length_sum"] = sum_over_devices(traj.episode_length.sum())
+        # One flag for the host's non-finite guard: every loss term, gradient norm and parameter.
+        metrics["finite"] = (jnp.isfinite(jax.flatten_util.ravel_pytree(params)[0]).all()
+                             & jnp.all(jnp.stack([jnp.isfinite(v).all() for v in loss_metrics.values()])))
         return runner, metrics
 
     return update_step
@@ -493,59 +591,97 @@ def make_parallel_update_step(args: Args, env, env_params, network: hk.Transform
 
 
 # ---------------------------------------------------------------------------------------------------
-# Main: set up, train (the loop only logs), evaluate, summarize
+# Checkpoints: the parameters in safetensors, with the arguments that rebuild the network in its header
 # ---------------------------------------------------------------------------------------------------
-def main() -> None:
-    wall_start = time.time()
-    args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
-    error = find_arg_error(args)
-    if error is not None:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-    env, env_params = gymnax.make(args.env_id)
-    if args.jax_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(args.jax_cache_dir))
-    fill_runtime_fields(args)
+NETWORK_ARGS = ("env_id", "hidden_sizes", "activation")
 
-    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
-    run_dir = os.path.join("runs", run_name)
+
+def save_model(path: str, params: hk.Params, args: Args, global_step: int) -> None:
+    """Writes `params` to `path` atomically: a temporary file in the same directory, then a rename."""
+    tensors = {f"{module}/{name}": np.asarray(value)
+               for module, leaves in params.items() for name, value in leaves.items()}
+    metadata = {name: json.dumps(getattr(args, name)) for name in NETWORK_ARGS}
+    metadata.update(global_step=str(global_step), args=json.dumps(vars(args)))
+    with tempfile.NamedTemporaryFile(dir=os.path.dirname(path) or ".", suffix=".tmp", delete=False) as f:
+        f.write(safetensors.numpy.save(tensors, metadata))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(f.name, path)
+
+
+def load_model(path: str, args: Args, expected: hk.Params) -> hk.Params:
+    """The parameters saved at `path`, checked against this run's network (`expected` holds their
+    shapes); raises ValueError saying what is wrong."""
     try:
-        os.makedirs(run_dir)  # never into an existing run's directory
-    except FileExistsError:
-        print(f"error: {run_dir} already exists; start again in a second or change --exp-name",
-              file=sys.stderr)
-        sys.exit(1)
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
-        f"|{name}|{value}|" for name, value in vars(args).items()))
+        with safetensors.safe_open(path, framework="numpy") as f:
+            metadata = f.metadata() or {}
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+    except Exception as e:  # safetensors reports a truncated or garbled file in several ways
+        raise ValueError(f"{path} is not a readable safetensors file ({str(e).splitlines()[0]})")
+    for name in NETWORK_ARGS:
+        if name not in metadata:
+            raise ValueError(f"{path} has no {name} in its header: it was not saved by this script")
+        saved, wanted = json.loads(metadata[name]), json.loads(json.dumps(getattr(args, name)))
+        if saved != wanted:
+            show = lambda v: " ".join(map(str, v)) if isinstance(v, list) else v  # noqa: E731
+            raise ValueError(f"{path} was trained with {flag(name)} {show(saved)}, not {show(wanted)}; "
+                             f"pass the arguments it was trained with")
+    shapes = {f"{module}/{name}": (tuple(x.shape), np.dtype(x.dtype))
+              for module, leaves in expected.items() for name, x in leaves.items()}
+    if {name: (t.shape, t.dtype) for name, t in tensors.items()} != shapes:
+        raise ValueError(f"{path} does not hold the parameters of this network")
+    if not all(np.isfinite(t).all() for t in tensors.values()):
+        raise ValueError(f"{path} holds non-finite parameters")
+    params = {}
+    for key, value in tensors.items():
+        module, name = key.rsplit("/", 1)
+        params.setdefault(module, {})[name] = jnp.asarray(value)
+    return params
 
-    network = make_network(env.action_space(env_params).n, args.hidden_sizes, args.activation)
-    optimizer = make_optimizer(args)
 
-    mesh = Mesh(np.array(jax.devices()[:args.num_devices]), ("data",))
-    runner_shardings = make_runner_shardings(mesh)
+# ---------------------------------------------------------------------------------------------------
+# Main: set up, compile, train (the loop only logs), evaluate, save
+# ---------------------------------------------------------------------------------------------------
+class StopSignals:
+    """While active, SIGINT (Ctrl-C) and SIGTERM ask the run to stop at the next safe point, the end
+    of the current iteration; a second signal acts at once."""
 
-    runner_key, eval_key = jax.random.split(jax.random.key(args.seed))
-    # Everything is compiled ahead of time, so compile time is measured apart and the training loop
-    # never waits on XLA. Sampled and greedy evaluation share one program: `greedy` is an input.
-    compile_start = time.time()
-    runner = jax.jit(functools.partial(init_runner, env=env, env_params=env_params, network=network,
-                                       optimizer=optimizer, num_envs=args.num_envs),
-                     out_shardings=runner_shardings)(runner_key)
-    update_step = make_parallel_update_step(args, env, env_params, network, optimizer, mesh)
-    update_step = update_step.lower(runner).compile()
-    evaluate_policy = evaluate.lower(
-        eval_key, runner.params, False, env=env, env_params=env_params,
-        policy_apply=lambda p, o: network.apply(p, o)[0], num_episodes=args.eval_episodes,
-        max_steps=env_params.max_steps_in_episode + 1).compile()
-    compile_seconds = time.time() - compile_start
-    print(f"{args.env_id}: {args.num_iterations} iterations of {args.batch_size} steps on "
-          f"{args.num_devices} device(s); compiled in {compile_seconds:.1f}s; logging to {run_dir}")
+    def __enter__(self):
+        self.received = None
+        self.previous = {s: signal.signal(s, self.handle) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
 
+    def handle(self, signum, frame):
+        self.received = signum
+        self.__exit__()
+
+    def __exit__(self, *exc_info):
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
+
+
+def make_run_dir(args: Args) -> str:
+    """A new runs/{env_id}__{exp_name}__{seed}__{unix time}; never an existing run's directory."""
+    base = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}")
+    for attempt in range(100):
+        run_dir = base + (f"_{attempt}" if attempt else "")
+        with contextlib.suppress(FileExistsError):
+            os.makedirs(run_dir)
+            return run_dir
+    raise FileExistsError(f"{base} and 99 more like it exist")
+
+
+def train(args: Args, update_step, runner: RunnerState, writer: SummaryWriter, stop: StopSignals):
+    """Runs the PPO iterations and logs each; stops early on a signal or a non-finite value.
+
+    Returns the runner to keep (on a non-finite value, the one from before that iteration), the
+    status, the iterations done, and what went non-finite where that happened.
+    """
     progress_every = max(1, args.num_iterations // 10)
     recent_return = float("nan")
     train_start = time.time()
     for iteration in range(1, args.num_iterations + 1):
+        previous = runner
         runner, metrics = update_step(runner)
         metrics = jax.device_get(metrics)  # the one host transfer per iteration
         global_step = iteration * args.batch_size
@@ -557,19 +693,33 @@ def main() -> None:
                               metrics["episode_length_sum"] / metrics["episodes"], global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         writer.add_scalar("charts/learning_rate", metrics["learning_rate"], global_step)
-        for name in ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac",
-                     "explained_variance"):
+        if not metrics["finite"]:  # the finite values are logged; summary.json names the first other
+            for name in LOSS_METRICS:
+                if np.isfinite(metrics[name]):
+                    writer.add_scalar(f"losses/{name}", metrics[name], global_step)
+            bad = next((f"losses/{name}" for name in LOSS_METRICS if not np.isfinite(metrics[name])),
+                       "the parameters")
+            return previous, "non_finite", iteration - 1, bad
+        for name in LOSS_METRICS:
             writer.add_scalar(f"losses/{name}", metrics[name], global_step)
         if iteration % progress_every == 0 or iteration == args.num_iterations:
             print(f"step {global_step:>9,} | SPS {sps:>8,.0f} | episodic return {recent_return:6.2f}")
-    train_seconds = time.time() - train_start
+        if stop.received:
+            return runner, "interrupted", iteration, None
+    return runner, "completed", args.num_iterations, None
 
-    # Evaluate the final policy on complete episodes: sampled actions (the policy PPO trained) and
-    # greedy actions.
-    eval_start = time.time()
+
+LOSS_METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance",
+                "grad_norm")
+
+
+def evaluate_and_log(evaluate_policy, eval_key, params, args: Args, writer: SummaryWriter,
+                     global_step: int) -> dict:
+    """The final policy on complete episodes, with sampled actions (the policy PPO trained) and greedy
+    ones: printed, logged and returned as the summary's `eval` entry."""
     evaluation = {}
     for mode, greedy in (("sampled", False), ("greedy", True)):
-        result = jax.device_get(evaluate_policy(eval_key, runner.params, greedy, env_params=env_params))
+        result = jax.device_get(evaluate_policy(eval_key, params, greedy))
         assert result.finished.all(), "an evaluation episode outran the environment's time limit"
         returns = result.returns
         evaluation[mode] = {"mean": float(returns.mean()), "std": float(returns.std()),
@@ -578,23 +728,105 @@ def main() -> None:
         writer.add_scalar(f"eval/{mode}_return", returns.mean(), global_step)
         print(f"eval ({mode:>7}, {args.eval_episodes} episodes): "
               f"return {returns.mean():.2f} ± {returns.std():.2f}")
-    eval_seconds = time.time() - eval_start
-    writer.close()
+    return evaluation
 
-    summary = {
-        "env_id": args.env_id, "seed": args.seed, "total_timesteps": args.total_timesteps,
-        "global_step": global_step,
-        "eval_episodes": args.eval_episodes, "eval": evaluation,
-        "compile_seconds": compile_seconds, "train_seconds": train_seconds,
-        "eval_seconds": eval_seconds, "sps": global_step / train_seconds,
-        "wall_seconds": time.time() - wall_start, "args": vars(args),
-    }
-    with open(os.path.join(run_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+
+def main() -> None:
+    wall_start = time.time()
+    args = parse_args()
+    env, env_params = gymnax.make(args.env_id)
+    network = make_network(env.action_space(env_params).n, args.hidden_sizes, args.activation)
+    runner_key, eval_key = jax.random.split(jax.random.key(args.seed))
+    loaded_params = None
+    if args.load_model:
+        obs_shape = jax.eval_shape(env.reset, runner_key, env_params)[0]
+        try:
+            loaded_params = load_model(args.load_model, args, jax.eval_shape(
+                network.init, runner_key, jax.ShapeDtypeStruct((1, *obs_shape.shape), obs_shape.dtype)))
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+    if args.jax_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(args.jax_cache_dir))
+    fill_runtime_fields(args)
+
+    # Compile ahead of time, before the run directory exists and before the clock for SPS starts.
+    # Sampled and greedy evaluation share one program: `greedy` is an input.
+    compile_start = time.time()
+    if loaded_params is None:
+        optimizer = make_optimizer(args)
+        mesh = Mesh(np.array(jax.devices()[:args.num_devices]), ("data",))
+        runner = jax.jit(functools.partial(init_runner, env=env, env_params=env_params, network=network,
+                                           optimizer=optimizer, num_envs=args.num_envs),
+                         out_shardings=make_runner_shardings(mesh))(runner_key)
+        update_step = make_parallel_update_step(args, env, env_params, network, optimizer, mesh)
+        update_step = update_step.lower(runner).compile()
+        params = runner.params
+    else:
+        params = loaded_params
+    evaluate_policy = jax.jit(functools.partial(
+        evaluate, env=env, env_params=env_params, policy_apply=lambda p, o: network.apply(p, o)[0],
+        num_episodes=args.eval_episodes, max_steps=env_params.max_steps_in_episode + 1)
+    ).lower(eval_key, params, False).compile()
+    compile_seconds = time.time() - compile_start
+
+    run_dir = make_run_dir(args)
+    writer = SummaryWriter(run_dir)
+    writer.add_text("hyperparameters", "|param|value|\n|-|-|\n" + "\n".join(
+        f"|{name}|{value}|" for name, value in vars(args).items()))
+    model_path = os.path.join(run_dir, "model.safetensors")
+    summary = {"status": "failed", "env_id": args.env_id, "seed": args.seed,
+               "total_timesteps": args.total_timesteps, "compile_seconds": compile_seconds,
+               "args": vars(args)}
+    exit_code = 0
+    try:
+        with StopSignals() as stop:
+            if loaded_params is None:
+                print(f"{args.env_id}: {args.num_iterations} iterations of {args.batch_size} steps on "
+                      f"{args.num_devices} device(s); compiled in {compile_seconds:.1f}s; logging to {run_dir}")
+                train_start = time.time()
+                runner, status, iterations, non_finite = train(args, update_step, runner, writer, stop)
+                params, global_step = runner.params, iterations * args.batch_size
+                summary.update(train_seconds=time.time() - train_start, iterations=iterations)
+                summary["sps"] = global_step / summary["train_seconds"] if global_step else 0.0
+            else:
+                print(f"{args.env_id}: evaluating {args.load_model}; compiled in {compile_seconds:.1f}s; "
+                      f"logging to {run_dir}")
+                status, non_finite, global_step = "completed", None, 0
+                summary["load_model"] = args.load_model
+            summary.update(status=status, global_step=global_step)
+            if status == "non_finite":
+                print(f"error: {non_finite} is non-finite in iteration {iterations + 1}; stopped and saved "
+                      f"the parameters from before it (step {global_step:,})", file=sys.stderr)
+                summary.update(non_finite=non_finite, non_finite_iteration=iterations + 1)
+                exit_code = 3
+            elif status == "interrupted":
+                print(f"interrupted at step {global_step:,}", file=sys.stderr)
+            else:
+                eval_start = time.time()
+                summary.update(eval_episodes=args.eval_episodes, eval=evaluate_and_log(
+                    evaluate_policy, eval_key, params, args, writer, global_step))
+                summary["eval_seconds"] = time.time() - eval_start
+            if args.save_model and loaded_params is None:
+                save_model(model_path, params, args, global_step)
+                summary["model"] = model_path
+            if stop.received:
+                summary["status"] = "interrupted"
+                exit_code = 128 + stop.received
+    except BaseException as e:  # after the run directory exists, say in it what happened
+        summary.update(status="interrupted" if isinstance(e, KeyboardInterrupt) else "failed",
+                       error=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        writer.close()
+        summary["wall_seconds"] = time.time() - wall_start
+        with open(os.path.join(run_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=2)
     print(f"summary: {os.path.join(run_dir, 'summary.json')}")
     # Python's exit-time garbage collection walks every object the imports made (gymnax alone pulls in
     # matplotlib, seaborn and scipy), which is slow; frozen objects are skipped.
     gc.freeze()
+    sys.exit(exit_code)
 
 
 if __name__ == "__main__":

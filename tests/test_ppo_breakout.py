@@ -4,6 +4,7 @@ import functools
 import glob
 import json
 import os
+import signal
 import subprocess
 import sys
 import typing
@@ -351,29 +352,60 @@ TINY = ["--total-timesteps", "4096", "--num-envs", "16", "--num-steps", "128", "
         "--update-epochs", "1", "--eval-episodes", "8", "--seed", "3"]
 TAGS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
         "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl",
-        "losses/clipfrac", "losses/explained_variance"]
+        "losses/clipfrac", "losses/explained_variance", "losses/grad_norm"]
 
 
-def test_script_logs_tensorboard_and_writes_summary(tmp_path):
-    result = run_script(tmp_path, *TINY)
-    assert result.returncode == 0, result.stderr
-    assert "eval (sampled, 8 episodes)" in result.stdout and "eval ( greedy, 8 episodes)" in result.stdout
-    (run_dir,) = glob.glob(str(tmp_path / "runs" / "Breakout-MinAtar__ppo_breakout__3__*"))
+def only_run_dir(path) -> str:
+    (run_dir,) = glob.glob(str(path / "runs" / "*"))
+    return run_dir
 
+
+def read_summary(run_dir) -> dict:
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        return json.load(f)
+
+
+def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
     events = EventAccumulator(run_dir, size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
-    scalars = events.Tags()["scalars"]
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def tiny_network_params(args: ppo.Args) -> hk.Params:
+    """Freshly initialised parameters of the network `args` describes: the shapes a saved model must have."""
+    network = ppo.make_network(3, args.hidden_sizes, args.activation)
+    return network.init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One tiny training run of the script, shared by the tests that read what it leaves."""
+    path = tmp_path_factory.mktemp("tiny")
+    result = run_script(path, *TINY)
+    assert result.returncode == 0, result.stderr
+    return result, only_run_dir(path)
+
+
+def test_script_logs_tensorboard_and_writes_summary(tiny_run):
+    result, run_dir = tiny_run
+    assert "eval (sampled, 8 episodes)" in result.stdout and "eval ( greedy, 8 episodes)" in result.stdout
+    assert os.path.basename(run_dir).startswith("Breakout-MinAtar__ppo_breakout__3__")
+
+    scalars = read_scalars(run_dir)
     for tag in TAGS:
         assert tag in scalars, tag
-    assert len(events.Scalars("losses/policy_loss")) == 2  # one point per iteration
-    assert [e.step for e in events.Scalars("charts/SPS")] == [2048, 4096]
-    learning_rates = [e.value for e in events.Scalars("charts/learning_rate")]
+    assert len(scalars["losses/policy_loss"]) == 2  # one point per iteration
+    assert [step for step, _ in scalars["charts/SPS"]] == [2048, 4096]
+    learning_rates = [value for _, value in scalars["charts/learning_rate"]]
     # 2 iterations x 1 epoch x 4 minibatches: the last updates of each iteration are numbers 3 and 7 of 8.
     assert learning_rates == pytest.approx([5e-3 * (1 - 3 / 8), 5e-3 * (1 - 7 / 8)])
-    assert all(0 < e.value < 1000 for e in events.Scalars("charts/episodic_length"))  # never a placeholder 0
+    assert all(0 < value < 1000 for _, value in scalars["charts/episodic_length"])  # never a placeholder 0
+    events = EventAccumulator(run_dir)
+    events.Reload()
     assert any("hyperparameters" in tag for tag in events.Tags()["tensors"])
 
-    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed"
     assert summary["env_id"] == "Breakout-MinAtar" and summary["seed"] == 3
     assert summary["total_timesteps"] == 4096 and summary["global_step"] == 4096
     for mode in ("sampled", "greedy"):
@@ -384,32 +416,201 @@ def test_script_logs_tensorboard_and_writes_summary(tmp_path):
         assert summary[key] > 0
     assert summary["args"]["num_envs"] == 16 and summary["args"]["batch_size"] == 2048
     assert summary["args"]["num_devices"] == 2  # the data-parallel path ran (conftest.py: 2 devices)
+    assert summary["model"] == os.path.join("runs", os.path.basename(run_dir), "model.safetensors")
 
 
-@pytest.mark.parametrize("flags, message", [
+def test_same_seed_and_arguments_replay_the_run_bit_for_bit(tiny_run, tmp_path):
+    _, first_dir = tiny_run
+    result = run_script(tmp_path, *TINY)
+    assert result.returncode == 0, result.stderr
+    second_dir = only_run_dir(tmp_path)
+    first, second = read_scalars(first_dir), read_scalars(second_dir)
+    del first["charts/SPS"], second["charts/SPS"]  # wall-clock speed, the one thing that may differ
+    assert first == second
+    assert read_summary(first_dir)["eval"] == read_summary(second_dir)["eval"]
+
+
+def test_a_saved_model_evaluates_to_the_training_runs_own_evaluation(tiny_run, tmp_path):
+    _, train_dir = tiny_run
+    model = os.path.join(train_dir, "model.safetensors")
+    result = run_script(tmp_path, "--load-model", model, "--eval-episodes", "8", "--seed", "3",
+                        "--exp-name", "reloaded")
+    assert result.returncode == 0, result.stderr
+    summary = read_summary(only_run_dir(tmp_path))
+    assert summary["status"] == "completed" and summary["load_model"] == model
+    assert summary["eval"] == read_summary(train_dir)["eval"]
+    assert "model" not in summary  # evaluating a model never writes another one
+
+
+def test_saved_model_round_trips_with_the_network_arguments_in_its_header(tmp_path):
+    args = ppo.tyro.cli(ppo.Args, args=["--hidden-sizes", "8", "4", "--activation", "relu"])
+    params = tiny_network_params(args)
+    path = str(tmp_path / "model.safetensors")
+    ppo.save_model(path, params, args, global_step=123)
+    assert os.listdir(tmp_path) == ["model.safetensors"]  # the temporary file was renamed, not left
+    loaded = ppo.load_model(path, args, params)
+    jax.tree.map(np.testing.assert_array_equal, loaded, params)
+    # Another width, activation or game is refused, naming the flag and both values.
+    for flags, message in [(["--hidden-sizes", "8", "8"], "--hidden-sizes 8 4, not 8 8"),
+                           (["--hidden-sizes", "8", "4"], "--activation relu, not crelu"),
+                           (["--hidden-sizes", "8", "4", "--activation", "relu",
+                             "--env-id", "Asterix-MinAtar"], "--env-id Breakout-MinAtar, not Asterix-MinAtar")]:
+        with pytest.raises(ValueError, match=message):
+            ppo.load_model(path, ppo.tyro.cli(ppo.Args, args=flags), params)
+    # A header that lies about the network: the tensors' shapes are checked too.
+    other = ppo.make_network(3, (8, 5), "relu").init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
+    with pytest.raises(ValueError, match="does not hold the parameters of this network"):
+        ppo.load_model(path, args, other)
+
+
+def damaged_copies(model: str, folder) -> dict[str, str]:
+    """Copies of a saved model, damaged in the ways files get damaged."""
+    with open(model, "rb") as f:
+        data = f.read()
+    header_length = int.from_bytes(data[:8], "little")
+    with_nan = bytearray(data)
+    with_nan[8 + header_length:8 + header_length + 4] = np.array([np.nan], np.float32).tobytes()
+    damaged = {"truncated": data[: len(data) // 2], "header only": data[:8 + header_length],
+               "garbage": b"not a model at all", "empty": b"", "a NaN weight": bytes(with_nan)}
+    paths = {}
+    for name, content in damaged.items():
+        paths[name] = str(folder / f"{name.replace(' ', '_')}.safetensors")
+        with open(paths[name], "wb") as f:
+            f.write(content)
+    return paths
+
+
+def run_main(monkeypatch, capsys, cwd, *flags) -> tuple[int, list[str]]:
+    """main() in this process, as `python ppo_breakout.py FLAGS` run in cwd: (exit status, stderr lines)."""
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", ["ppo_breakout.py", *flags])
+    with pytest.raises(SystemExit) as exit_:
+        ppo.main()
+    return exit_.value.code, capsys.readouterr().err.strip().splitlines()
+
+
+def test_a_damaged_or_mismatched_model_is_refused_with_one_line(tiny_run, tmp_path, monkeypatch, capsys):
+    _, train_dir = tiny_run
+    model = os.path.join(train_dir, "model.safetensors")
+    files = tmp_path / "files"
+    files.mkdir()
+    cases = {name: ([path], "not a readable safetensors file")
+             for name, path in damaged_copies(model, files).items()}
+    cases["a NaN weight"] = (cases["a NaN weight"][0], "holds non-finite parameters")
+    cases["missing"] = ([str(files / "nothing.safetensors")], "no such file")
+    cases["a directory"] = ([str(files)], "no such file")
+    cases["other widths"] = ([model, "--hidden-sizes", "64", "32"], "--hidden-sizes 64 64, not 64 32")
+    cases["other game"] = ([model, "--env-id", "Asterix-MinAtar"], "--env-id Breakout-MinAtar")
+    for name, (flags, message) in cases.items():
+        status, err = run_main(monkeypatch, capsys, tmp_path, "--load-model", *flags)
+        assert status == 2, name
+        assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], (name, err)
+        assert not (tmp_path / "runs").exists(), name
+
+
+BAD_INPUTS = [
     (["--num-envs", "0"], "--num-envs must be positive"),
     (["--num-steps", "-5"], "--num-steps must be positive"),
+    (["--update-epochs", "0"], "--update-epochs must be positive"),
+    (["--total-timesteps", "-1"], "--total-timesteps must be positive"),
     (["--num-minibatches", "7"], "does not divide into --num-minibatches 7"),
     (["--total-timesteps", "100"], "less than one batch"),
+    (["--total-timesteps", "99999999999999"], "more than the optimizer can count"),
+    (["--eval-episodes", "0"], "--eval-episodes must be positive"),
+    (["--eval-episodes", "100000000"], "--eval-episodes 100000000 would need about"),
+    (["--num-envs", "1000000", "--num-steps", "1000", "--total-timesteps", str(10**10)],
+     "training would need about"),
+    (["--hidden-sizes", "100000000"], "training would need about"),
     (["--env-id", "Breakout-Atari"], "unknown --env-id 'Breakout-Atari'"),
     (["--env-id", "Pendulum-v1"], "continuous actions"),
-    (["--ent-coef", "-0.1"], "--ent-coef must be non-negative"),
-    (["--vf-coef", "-1"], "--vf-coef must be non-negative"),
-    (["--learning-rate", "0"], "--learning-rate must be positive"),
+    (["--learning-rate", "0"], "--learning-rate must be a positive finite number"),
+    (["--learning-rate", "inf"], "--learning-rate must be a positive finite number, got inf"),
+    (["--learning-rate", "nan"], "--learning-rate must be a positive finite number, got nan"),
+    (["--max-grad-norm", "-1"], "--max-grad-norm must be a positive finite number"),
+    (["--ent-coef", "-0.1"], "--ent-coef must be a non-negative finite number"),
+    (["--ent-coef", "inf"], "--ent-coef must be a non-negative finite number, got inf"),
+    (["--vf-coef", "nan"], "--vf-coef must be a non-negative finite number, got nan"),
+    (["--clip-coef", "0"], "--clip-coef must be in (0, 1]"),
+    (["--clip-coef", "inf"], "--clip-coef must be in (0, 1]"),
     (["--gamma", "1.5"], "--gamma must be in [0, 1]"),
+    (["--gae-lambda", "nan"], "--gae-lambda must be in [0, 1]"),
+    (["--seed", "-1"], "--seed must be in [0, 4294967295]"),
+    (["--seed", str(2**32)], "--seed must be in [0, 4294967295]"),
     (["--hidden-sizes", "64", "0"], "--hidden-sizes must be one or more positive widths"),
     (["--hidden-sizes"], "--hidden-sizes must be one or more positive widths"),
-    (["--eval-episodes", "0"], "--eval-episodes must be positive"),
+    (["--exp-name", "../../../escape"], "--exp-name must be a plain name"),
+    (["--exp-name", "a/b"], "--exp-name must be a plain name"),
+    (["--exp-name", ".."], "--exp-name must be a plain name"),
+    (["--exp-name", ""], "--exp-name must be a plain name"),
+    (["--exp-name", "x" * 101], "--exp-name must be a plain name"),
     (["--num-devices", "-1"], "--num-devices must be 0 (automatic) or positive"),
     (["--num-devices", "3"], "--num-devices 3 is more than the 2 devices JAX has"),
     (["--num-envs", "63", "--num-minibatches", "1", "--num-devices", "2"],
      "--num-devices 2 must divide both --num-envs 63"),
     (["--num-envs", "2", "--num-steps", "3", "--num-minibatches", "2", "--num-devices", "2"],
      "and the minibatch size 3"),
-])
-def test_bad_arguments_are_rejected(flags, message):
-    args = ppo.tyro.cli(ppo.Args, args=flags)
-    assert message in ppo.find_arg_error(args)
+    (["--jax-cache-dir", __file__], "is not a directory"),
+    # tyro's own parse errors, condensed to one line
+    (["--num-envs", "abc"], "Error parsing --num-envs"),
+    (["--activation", "tanh"], "invalid choice 'tanh' for argument '--activation'"),
+    (["--no-such-flag", "1"], "Unrecognized options: --no-such-flag"),
+    (["--seed"], "Missing value for argument '--seed'"),
+]
+
+
+@pytest.mark.parametrize("flags, message", BAD_INPUTS, ids=[" ".join(f)[:40] for f, _ in BAD_INPUTS])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(flags, message, tmp_path, monkeypatch, capsys):
+    status, err = run_main(monkeypatch, capsys, tmp_path, *flags)
+    assert status == 2
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+    assert os.listdir(tmp_path) == []
+
+
+def test_bad_input_from_the_command_line_exits_2_with_one_line(tmp_path):
+    result = run_script(tmp_path, "--num-envs", "64", "--num-steps", "100", "--num-minibatches", "3")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: the batch (num_envs * num_steps = 6400) does not divide into --num-minibatches 3"]
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_finite_parameters(tmp_path):
+    # Adam steps of size 1e30 overflow the network within the first iteration.
+    result = run_script(tmp_path, *TINY, "--learning-rate", "1e30", "--no-anneal-lr")
+    assert result.returncode == 3
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: losses/") and "non-finite in iteration 1;" in line
+    run_dir = only_run_dir(tmp_path)
+    summary = read_summary(run_dir)
+    assert summary["status"] == "non_finite" and summary["non_finite_iteration"] == 1
+    assert summary["non_finite"] in line and "eval" not in summary
+    assert "charts/SPS" in read_scalars(run_dir)  # the log was flushed and reads back
+    args = ppo.tyro.cli(ppo.Args, args=TINY)
+    saved = ppo.load_model(os.path.join(run_dir, "model.safetensors"), args, tiny_network_params(args))
+    assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(saved))
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_ends_the_run_cleanly_after_the_current_iteration(signum, status, tmp_path):
+    total = 2048 * 10_000  # far longer than the test waits
+    process = subprocess.Popen([sys.executable, SCRIPT, *TINY, "--total-timesteps", str(total)],
+                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert "logging to" in process.stdout.readline()  # compiled; training starts
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()  # a no-op once it has exited; never leave a 20M-step run behind
+    assert process.returncode == status, stderr
+    assert "Traceback" not in stderr
+    run_dir = only_run_dir(tmp_path)
+    summary = read_summary(run_dir)
+    assert summary["status"] == "interrupted" and 0 < summary["global_step"] < total
+    # It stopped at the end of an iteration, and everything up to there was logged.
+    assert len(read_scalars(run_dir)["charts/SPS"]) == summary["global_step"] // 2048
+    args = ppo.tyro.cli(ppo.Args, args=TINY)
+    ppo.load_model(os.path.join(run_dir, "model.safetensors"), args, tiny_network_params(args))
 
 
 @pytest.mark.parametrize("activation, feature_factor, gain", [("relu", 1, np.sqrt(2)), ("crelu", 2, 1.0)])
@@ -433,11 +634,3 @@ def test_every_activation_the_cli_accepts_has_a_gain():
 def test_crelu_passes_each_input_on_in_one_half():
     x = jnp.array([[-1.5, 0.0, 2.0]])
     np.testing.assert_array_equal(ppo.crelu(x), [[0.0, 0.0, 2.0, 1.5, 0.0, 0.0]])
-
-
-def test_bad_input_exits_2_with_one_line_and_no_run_directory(tmp_path):
-    result = run_script(tmp_path, "--num-envs", "64", "--num-steps", "100", "--num-minibatches", "3")
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        "error: the batch (num_envs * num_steps = 6400) does not divide into --num-minibatches 3"]
-    assert not (tmp_path / "runs").exists()
