@@ -12,6 +12,7 @@ Help: python ppo_breakout.py --help
 Docs: README.md ("ppo_breakout.py")
 """
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -44,11 +45,14 @@ import rlax
 import safetensors
 import safetensors.numpy
 import tyro
+from flax import struct
 from gymnax.environments import spaces
+from gymnax.wrappers.purerl import GymnaxWrapper
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from tensorboardX import SummaryWriter
 
+from utils import visualize
 from utils.evaluation import evaluate
 
 
@@ -95,8 +99,14 @@ class Args:
     """the widths of the hidden layers of the torso that the policy and value heads share"""
     activation: Literal["crelu", "relu"] = "crelu"
     """the torso's activation: crelu passes [relu(x), relu(-x)] on, twice the layer's width"""
+    sticky_action_prob: float = 0.0
+    """the probability that the game repeats its previous action instead of the chosen one, in
+    training (MinAtar's protocol uses 0.1; the final evaluation always reports both 0 and 0.1)"""
+    diagnostics: bool = True
+    """log the diagnostics/ group (gradient norm, logit gap, log-ratio range, advantage statistics, value
+    error, silent units, action frequencies) and histograms of logits, log-ratios, advantages and values"""
     eval_episodes: int = 256
-    """the number of complete episodes the final policy is evaluated on"""
+    """the number of complete episodes the final policy is evaluated on, per protocol"""
     num_devices: int = 0
     """the number of devices the environments are split across, each running its share of the rollout
     and of every minibatch (data parallel); on a CPU, JAX runs one device per core. 0 picks the most,
@@ -167,6 +177,8 @@ def find_arg_error(args: Args) -> str | None:
         value = getattr(args, name)
         if not (value >= 0 and math.isfinite(value)):
             return f"{flag(name)} must be a non-negative finite number, got {value}"
+    if not 0 <= args.sticky_action_prob < 1:
+        return f"--sticky-action-prob must be in [0, 1), got {args.sticky_action_prob}"
     for name, low, high in (("gamma", 0, 1), ("gae_lambda", 0, 1), ("clip_coef", 0, 1)):
         value = getattr(args, name)
         if not (low < value <= high if name == "clip_coef" else low <= value <= high):
@@ -251,6 +263,46 @@ def fill_runtime_fields(args: Args) -> Args:
 
 
 # ---------------------------------------------------------------------------------------------------
+# Environment: gymnax, with MinAtar's sticky actions
+# ---------------------------------------------------------------------------------------------------
+@struct.dataclass
+class StickyParams:
+    env_params: Any
+    sticky_action_prob: float | jax.Array
+
+
+@struct.dataclass
+class StickyState:
+    env_state: Any
+    last_action: jax.Array  # the action the environment executed last
+
+
+class StickyActions(GymnaxWrapper):
+    """MinAtar's sticky actions (Young & Tian 2019): with probability `sticky_action_prob` the game
+    executes its previous action instead of the chosen one; the last action carries over into the
+    next episode, as in MinAtar. Unlike gymnax's StickyActionWrapper, the probability is a traced
+    parameter, so one compiled evaluation serves both protocols, and the draw uses its own key
+    (fold_in), so at probability 0 the game sees exactly the keys it sees unwrapped."""
+
+    def reset(self, key: jax.Array, params: StickyParams):
+        obs, env_state = self._env.reset(key, params.env_params)
+        return obs, StickyState(env_state=env_state, last_action=jnp.zeros((), jnp.int32))
+
+    def step(self, key: jax.Array, state: StickyState, action: jax.Array, params: StickyParams):
+        if not (isinstance(params.sticky_action_prob, float) and params.sticky_action_prob == 0.0):
+            repeat = jax.random.bernoulli(jax.random.fold_in(key, 1), params.sticky_action_prob)
+            action = jnp.where(repeat, state.last_action, action)
+        obs, env_state, reward, terminated, truncated, info = self._env.step(
+            key, state.env_state, action, params.env_params)
+        return obs, StickyState(env_state=env_state, last_action=action), reward, terminated, truncated, info
+
+
+def make_env(env_id: str, sticky_action_prob: float) -> tuple[StickyActions, StickyParams]:
+    env, env_params = gymnax.make(env_id)
+    return StickyActions(env), StickyParams(env_params, sticky_action_prob)
+
+
+# ---------------------------------------------------------------------------------------------------
 # Network
 # ---------------------------------------------------------------------------------------------------
 def crelu(x: jax.Array) -> jax.Array:
@@ -263,37 +315,32 @@ def crelu(x: jax.Array) -> jax.Array:
 ACTIVATIONS = {"crelu": (crelu, 1.0), "relu": (jax.nn.relu, np.sqrt(2))}
 
 
-def actor_critic(obs: jax.Array, num_actions: int, hidden_sizes: tuple[int, ...],
-                 activation: str) -> tuple[jax.Array, jax.Array]:
-    """Maps a batch of observations to (action logits, state values).
+def actor_critic(obs: jax.Array, num_actions: int, hidden_sizes: tuple[int, ...], activation: str,
+                 return_features: bool = False):
+    """Maps a batch of observations to (action logits, state values), and the torso's features if asked.
 
-    One MLP (64-64 by default) on the flattened 10x10xC grid, shared by a policy head and a value
-    head. Chosen by measurement on a 2-core CPU (docs/tuning.md): two separate MLPs learned worse
-    and made a whole iteration 1.3x slower; cutting the value loss's gradient out of the torso
-    learned much worse; a small conv net learned no better at about 3x the cost per gradient step;
-    a 32-32 torso learned clearly worse. With ReLU, width in the first layer helped (128-64) but
-    trained 1.6x slower, and many first-layer units of some 64-64 runs were silent on every
-    observation. CReLU (Shang et al. 2016; against lost plasticity in RL, Abbas et al. 2023,
-    arXiv:2303.07507) has no unit silent on every input and passes twice the features on, for 15%
-    more multiply-adds: over 40 seeds it scored 41.9 and 37.9 on two machines, against ReLU's 31.8
-    on both, and trains ~15% slower. CReLU in one layer only did not help, a narrower 56-56
-    CReLU torso scored 36.8, and wider ones (96-96, 128-64) not clearly higher.
+    One MLP torso (64-64 CReLU by default) on the flattened 10x10xC grid, shared by a policy head and a
+    value head; why this network: docs/tuning.md.
     """
-    x = obs.reshape(obs.shape[0], -1)
     # Orthogonal init (Engstrom et al. 2020, "Implementation Matters"): the activation's gain on the
     # torso, 0.01 on the policy head so the first policy is near uniform, 1 on the value head.
     act, gain = ACTIVATIONS[activation]
-    torso = hk.nets.MLP(list(hidden_sizes), w_init=hk.initializers.Orthogonal(scale=gain),
-                        activation=act, activate_final=True, name="torso")(x)
-    logits = hk.Linear(num_actions, w_init=hk.initializers.Orthogonal(scale=0.01), name="policy")(torso)
-    value = hk.Linear(1, w_init=hk.initializers.Orthogonal(scale=1.0), name="value")(torso)
-    return logits, value[:, 0]
+    x = obs.reshape(obs.shape[0], -1)
+    features = []
+    for i, width in enumerate(hidden_sizes):
+        x = act(hk.Linear(width, w_init=hk.initializers.Orthogonal(scale=gain), name=f"torso_{i}")(x))
+        features.append(x)
+    logits = hk.Linear(num_actions, w_init=hk.initializers.Orthogonal(scale=0.01), name="policy")(x)
+    value = hk.Linear(1, w_init=hk.initializers.Orthogonal(scale=1.0), name="value")(x)[:, 0]
+    return (logits, value, jnp.concatenate(features, axis=-1)) if return_features else (logits, value)
 
 
-def make_network(num_actions: int, hidden_sizes: tuple[int, ...], activation: str) -> hk.Transformed:
+def make_network(num_actions: int, hidden_sizes: tuple[int, ...], activation: str,
+                 return_features: bool = False) -> hk.Transformed:
     """`actor_critic` as Haiku's pure (init, apply) pair; apply takes no random key."""
     return hk.without_apply_rng(hk.transform(functools.partial(
-        actor_critic, num_actions=num_actions, hidden_sizes=hidden_sizes, activation=activation)))
+        actor_critic, num_actions=num_actions, hidden_sizes=hidden_sizes, activation=activation,
+        return_features=return_features)))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -439,7 +486,11 @@ def ppo_loss(params: hk.Params, network: hk.Transformed, mb: Batch,
         # The low-variance KL estimator k3 = (r - 1) - log r (http://joschu.net/blog/kl-approx.html).
         "approx_kl": jnp.mean((ratio - 1.0) - log_ratio),
         "clipfrac": jnp.mean(jnp.abs(ratio - 1.0) > args.clip_coef),
+        "log_ratio_min": log_ratio.min(),
+        "log_ratio_max": log_ratio.max(),
     }
+    if args.diagnostics:  # a histogram with fixed edges, so the minibatches' counts add up
+        metrics["log_ratio_counts"] = jnp.histogram(log_ratio, LOG_RATIO_EDGES)[0]
     return loss, metrics
 
 
@@ -472,6 +523,14 @@ def init_runner(key: jax.Array, env, env_params, network: hk.Transformed,
 def mean_over_devices(x, axis_name: str | None):
     """The mean of `x` over the devices along `axis_name`; `x` itself when there is no such axis."""
     return x if axis_name is None else jax.lax.pmean(x, axis_name)
+
+
+def max_over_devices(x, axis_name: str | None):
+    return x if axis_name is None else jax.lax.pmax(x, axis_name)
+
+
+def sum_over_devices(x, axis_name: str | None):
+    return x if axis_name is None else jax.lax.psum(x, axis_name)
 
 
 def update_minibatch(train_state: tuple[hk.Params, optax.OptState], mb: Batch, network: hk.Transformed,
@@ -510,8 +569,8 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
     Without `axis_name`, the same function runs on one device. Sizes are read from the arrays, so
     they are per device.
     """
-    def sum_over_devices(x):
-        return x if axis_name is None else jax.lax.psum(x, axis_name)
+    feature_network = make_network(env.action_space(env_params).n, args.hidden_sizes, args.activation,
+                                   return_features=True)
 
     def variance_over_devices(x):
         mean = mean_over_devices(x.mean(), axis_name)
@@ -544,27 +603,83 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
         flatten = lambda x: x.reshape(-1, *x.shape[2:])  # (T, N, ...) -> (T * N, ...)
         batch = jax.tree.map(flatten, Batch(obs=traj.obs, action=traj.action, logits=traj.logits,
                                             value=traj.value, advantage=advantages, target=targets))
+        rollout_params = runner.params
         (params, opt_state), loss_metrics = jax.lax.scan(
             functools.partial(update_epoch, batch=batch), (runner.params, runner.opt_state),
             jax.random.split(epochs_key, args.update_epochs))
         runner = runner._replace(params=params, opt_state=opt_state, key=next_key)
 
         done = traj.terminated | traj.truncated
-        # over epochs x minibatches, and devices
+        # over epochs x minibatches, and devices: means, but the log-ratio's range and histogram
+        log_ratio_min, log_ratio_max, log_ratio_counts = (
+            loss_metrics.pop(name, None) for name in ("log_ratio_min", "log_ratio_max", "log_ratio_counts"))
         metrics = {name: mean_over_devices(value.mean(), axis_name) for name, value in loss_metrics.items()}
         metrics["learning_rate"] = optax.tree_utils.tree_get(  # the rate of the last update
             opt_state, "learning_rate", filtering=lambda _, value: isinstance(value, jax.Array))
         metrics["explained_variance"] = (1.0 - variance_over_devices(batch.target - batch.value)
                                          / variance_over_devices(batch.target))
-        metrics["episodes"] = sum_over_devices(done.sum())
-        metrics["episode_return_sum"] = sum_over_devices(traj.episode_return.sum())
-        metrics["episode_length_sum"] = sum_over_devices(traj.episode_length.sum())
+        metrics["episodes"] = sum_over_devices(done.sum(), axis_name)
+        metrics["episode_return_sum"] = sum_over_devices(traj.episode_return.sum(), axis_name)
+        metrics["episode_length_sum"] = sum_over_devices(traj.episode_length.sum(), axis_name)
         # One flag for the host's non-finite guard: every loss term, gradient norm and parameter.
         metrics["finite"] = (jnp.isfinite(jax.flatten_util.ravel_pytree(params)[0]).all()
                              & jnp.all(jnp.stack([jnp.isfinite(v).all() for v in loss_metrics.values()])))
+        if args.diagnostics:
+            metrics.update(training_diagnostics(rollout_params, batch, feature_network, axis_name))
+            metrics["log_ratio_min"] = -max_over_devices(-log_ratio_min.min(), axis_name)
+            metrics["log_ratio_max"] = max_over_devices(log_ratio_max.max(), axis_name)
+            metrics["histograms"]["log_ratio"] = histogram_summary(
+                log_ratio_counts.sum((0, 1)), LOG_RATIO_EDGES, axis_name)
         return runner, metrics
 
     return update_step
+
+
+# ---------------------------------------------------------------------------------------------------
+# Training diagnostics (--diagnostics): summaries computed inside the jitted step
+# ---------------------------------------------------------------------------------------------------
+HISTOGRAM_BINS = 30
+LOG_RATIO_EDGES = jnp.linspace(-1.0, 1.0, HISTOGRAM_BINS + 1)  # log-ratios beyond +-1 land outside
+
+
+def histogram_summary(counts: jax.Array, edges: jax.Array, axis_name: str | None) -> dict[str, jax.Array]:
+    """Bin counts summed over devices, in the form TensorBoard's raw histogram takes."""
+    return {"counts": sum_over_devices(counts, axis_name), "edges": edges}
+
+
+def data_histogram(x: jax.Array, axis_name: str | None) -> dict[str, jax.Array]:
+    """A histogram of `x` over all devices, its bins spanning the values' range."""
+    low = -max_over_devices(-x.min(), axis_name)
+    high = max_over_devices(x.max(), axis_name)
+    edges = jnp.linspace(low, jnp.maximum(high, low + 1e-6), HISTOGRAM_BINS + 1)
+    return histogram_summary(jnp.histogram(x, edges)[0], edges, axis_name)
+
+
+def training_diagnostics(params: hk.Params, batch: Batch, feature_network: hk.Transformed,
+                         axis_name: str | None) -> dict:
+    """What the rollout looked like to the network: scalars for the diagnostics/ tags and histograms.
+
+    The logit gap (largest minus smallest logit of a state) is what loss_stability.py sweeps; silent
+    units are torso features that are zero on every observation of the rollout.
+    """
+    _, _, features = feature_network.apply(params, batch.obs)
+    ever_active = max_over_devices((features > 0).any(axis=0).astype(jnp.float32), axis_name)
+    mean = mean_over_devices(batch.advantage.mean(), axis_name)
+    variance = mean_over_devices(jnp.square(batch.advantage - mean).mean(), axis_name)
+    num_actions = batch.logits.shape[-1]
+    action_counts = sum_over_devices(jnp.bincount(batch.action, length=num_actions), axis_name)
+    diagnostics = {
+        "logit_gap_max": max_over_devices((batch.logits.max(-1) - batch.logits.min(-1)).max(), axis_name),
+        "advantage_mean": mean,
+        "advantage_std": jnp.sqrt(variance),
+        "value_error": jnp.sqrt(mean_over_devices(jnp.square(batch.target - batch.value).mean(), axis_name)),
+        "silent_units": 1.0 - ever_active.mean(),
+        "action_frequency": action_counts / action_counts.sum(),
+    }
+    diagnostics["histograms"] = {"logits": data_histogram(batch.logits, axis_name),
+                                 "advantage": data_histogram(batch.advantage, axis_name),
+                                 "value": data_histogram(batch.value, axis_name)}
+    return diagnostics
 
 
 # Data parallel over a 1-D mesh of devices: the environments (and all that comes from them) are split
@@ -606,6 +721,9 @@ def save_model(path: str, params: hk.Params, args: Args, global_step: int) -> No
         f.write(safetensors.numpy.save(tensors, metadata))
         f.flush()
         os.fsync(f.fileno())
+    umask = os.umask(0o022)  # the temporary file is private (0600); give the model the usual mode
+    os.umask(umask)
+    os.chmod(f.name, 0o666 & ~umask)
     os.replace(f.name, path)
 
 
@@ -671,13 +789,47 @@ def make_run_dir(args: Args) -> str:
     raise FileExistsError(f"{base} and 99 more like it exist")
 
 
+LOSS_METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
+DIAGNOSTICS = ("grad_norm", "logit_gap_max", "log_ratio_min", "log_ratio_max", "advantage_mean",
+               "advantage_std", "value_error", "silent_units")
+
+
+def log_iteration(writer: SummaryWriter, metrics: dict, global_step: int, histograms: bool) -> None:
+    """The iteration's losses/ and diagnostics/ scalars, and its histograms where asked; values that
+    are not finite are left out (the non-finite guard reports them)."""
+    scalars = {f"losses/{name}": metrics[name] for name in LOSS_METRICS}
+    if "silent_units" in metrics:
+        scalars.update({f"diagnostics/{name}": metrics[name] for name in DIAGNOSTICS})
+        scalars.update({f"diagnostics/action_{a}_frequency": f for a, f in enumerate(metrics["action_frequency"])})
+    for tag, value in scalars.items():
+        if np.isfinite(value):
+            writer.add_scalar(tag, value, global_step)
+    if histograms and "histograms" in metrics:
+        for name, h in metrics["histograms"].items():
+            centres = (h["edges"][1:] + h["edges"][:-1]) / 2
+            if h["counts"].sum() > 0 and np.isfinite(h["edges"]).all():
+                writer.add_histogram_raw(
+                    f"histograms/{name}", min=h["edges"][0], max=h["edges"][-1], num=h["counts"].sum(),
+                    sum=(centres * h["counts"]).sum(), sum_squares=(centres**2 * h["counts"]).sum(),
+                    bucket_limits=h["edges"][1:].tolist(), bucket_counts=h["counts"].tolist(),
+                    global_step=global_step)
+
+
+class History(NamedTuple):
+    """Mean return of the training episodes that ended in each iteration, for the learning curve."""
+    steps: list
+    seconds: list
+    returns: list
+
+
 def train(args: Args, update_step, runner: RunnerState, writer: SummaryWriter, stop: StopSignals):
     """Runs the PPO iterations and logs each; stops early on a signal or a non-finite value.
 
     Returns the runner to keep (on a non-finite value, the one from before that iteration), the
-    status, the iterations done, and what went non-finite where that happened.
+    status, the iterations done, what went non-finite where that happened, and the History.
     """
-    progress_every = max(1, args.num_iterations // 10)
+    every_tenth = max(1, args.num_iterations // 10)
+    history = History([], [], [])
     recent_return = float("nan")
     train_start = time.time()
     for iteration in range(1, args.num_iterations + 1):
@@ -685,64 +837,97 @@ def train(args: Args, update_step, runner: RunnerState, writer: SummaryWriter, s
         runner, metrics = update_step(runner)
         metrics = jax.device_get(metrics)  # the one host transfer per iteration
         global_step = iteration * args.batch_size
-        sps = global_step / (time.time() - train_start)
+        elapsed = time.time() - train_start
         if metrics["episodes"] > 0:  # only episodes that ended, never placeholders
             recent_return = metrics["episode_return_sum"] / metrics["episodes"]
             writer.add_scalar("charts/episodic_return", recent_return, global_step)
             writer.add_scalar("charts/episodic_length",
                               metrics["episode_length_sum"] / metrics["episodes"], global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
+            history.steps.append(global_step)
+            history.seconds.append(elapsed)
+            history.returns.append(float(recent_return))
+        writer.add_scalar("charts/SPS", global_step / elapsed, global_step)
         writer.add_scalar("charts/learning_rate", metrics["learning_rate"], global_step)
-        if not metrics["finite"]:  # the finite values are logged; summary.json names the first other
-            for name in LOSS_METRICS:
-                if np.isfinite(metrics[name]):
-                    writer.add_scalar(f"losses/{name}", metrics[name], global_step)
+        tenth = iteration % every_tenth == 0 or iteration == args.num_iterations
+        log_iteration(writer, metrics, global_step, histograms=tenth or iteration == 1)
+        if not metrics["finite"]:
             bad = next((f"losses/{name}" for name in LOSS_METRICS if not np.isfinite(metrics[name])),
-                       "the parameters")
-            return previous, "non_finite", iteration - 1, bad
-        for name in LOSS_METRICS:
-            writer.add_scalar(f"losses/{name}", metrics[name], global_step)
-        if iteration % progress_every == 0 or iteration == args.num_iterations:
-            print(f"step {global_step:>9,} | SPS {sps:>8,.0f} | episodic return {recent_return:6.2f}")
+                       "diagnostics/grad_norm" if not np.isfinite(metrics["grad_norm"]) else "the parameters")
+            return previous, "non_finite", iteration - 1, bad, history
+        if tenth:
+            print(f"step {global_step:>9,} | SPS {global_step / elapsed:>8,.0f} | "
+                  f"episodic return {recent_return:6.2f}")
         if stop.received:
-            return runner, "interrupted", iteration, None
-    return runner, "completed", args.num_iterations, None
+            return runner, "interrupted", iteration, None, history
+    return runner, "completed", args.num_iterations, None, history
 
 
-LOSS_METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance",
-                "grad_norm")
+# Both protocols, whatever --sticky-action-prob trained with: gymnax's (no sticky actions, as in
+# gymnax's published baselines) and MinAtar's (sticky actions with probability 0.1).
+EVAL_PROTOCOLS = {"": 0.0, "sticky_0.1": 0.1}
 
 
-def evaluate_and_log(evaluate_policy, eval_key, params, args: Args, writer: SummaryWriter,
-                     global_step: int) -> dict:
-    """The final policy on complete episodes, with sampled actions (the policy PPO trained) and greedy
-    ones: printed, logged and returned as the summary's `eval` entry."""
-    evaluation = {}
-    for mode, greedy in (("sampled", False), ("greedy", True)):
-        result = jax.device_get(evaluate_policy(eval_key, params, greedy))
+def start_evaluations(evaluate_policy, eval_key, params, env_params: StickyParams) -> dict:
+    """Dispatches the final policy's evaluations, both protocols with sampled actions (the policy PPO
+    trained) and greedy ones, on one device; JAX runs them while the host goes on."""
+    params = jax.device_put(params, jax.devices()[0])
+    return {(protocol, mode): evaluate_policy(eval_key, params, greedy, env_params.replace(sticky_action_prob=prob))
+            for protocol, prob in EVAL_PROTOCOLS.items() for mode, greedy in (("sampled", False), ("greedy", True))}
+
+
+def report_evaluations(results: dict, args: Args, writer: SummaryWriter, run_dir: str, global_step: int) -> dict:
+    """Prints, logs and draws (play.gif, behaviour.png) the evaluations; returns summary.json's `eval`:
+    the sticky-0 results at its top level, the others under their protocol."""
+    breakout = args.env_id == "Breakout-MinAtar"
+    evaluation, labelled = {}, {}
+    fetched = jax.device_get(results)
+    for protocol, mode in results:  # in the order dispatched: gymnax's protocol, sampled, first
+        result = fetched[protocol, mode]
         assert result.finished.all(), "an evaluation episode outran the environment's time limit"
-        returns = result.returns
-        evaluation[mode] = {"mean": float(returns.mean()), "std": float(returns.std()),
-                            "min": float(returns.min()), "max": float(returns.max()),
-                            "mean_length": float(result.lengths.mean())}
-        writer.add_scalar(f"eval/{mode}_return", returns.mean(), global_step)
-        print(f"eval ({mode:>7}, {args.eval_episodes} episodes): "
-              f"return {returns.mean():.2f} ± {returns.std():.2f}")
-    return evaluation
+        labelled[f"{mode}, {protocol.replace('_', ' ')}" if protocol else mode] = result
+        numbers = evaluation.setdefault(protocol, {})[mode] = visualize.behaviour_numbers(result, breakout)
+        tag = f"eval/{protocol}/{mode}" if protocol else f"eval/{mode}"
+        writer.add_scalar(f"{tag}_return", numbers["mean"], global_step)
+        writer.add_scalar(f"{tag}_distinct_episodes", numbers["distinct_episodes"], global_step)
+        print(f"eval ({mode:>7}{', ' + protocol.replace('_', ' ') if protocol else ''}, "
+              f"{args.eval_episodes} episodes): return {numbers['mean']:.2f} ± {numbers['std']:.2f}, "
+              f"{numbers['distinct_episodes']} distinct")
+    # The GIF is encoded in a thread (Pillow's encoder releases the GIL) while matplotlib draws.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        gif = pool.submit(visualize.play_gif_of, labelled["sampled"], labelled["sampled, sticky 0.1"], breakout)
+        pictures = {"behaviour.png": visualize.figure_to_png(visualize.behaviour_figure(
+            labelled, breakout, f"{args.env_id}, seed {args.seed}, step {global_step:,}"))}
+        if gif.result() is not None:
+            pictures["play.gif"] = gif.result()
+    for name, data in pictures.items():
+        with open(os.path.join(run_dir, name), "wb") as f:
+            f.write(data)
+        visualize.log_encoded_image(writer, f"eval/{name.split('.')[0]}", data, global_step)
+    return {**evaluation.pop(""), **evaluation}
+
+
+def write_learning_curve(history: History, args: Args, writer: SummaryWriter, run_dir: str,
+                         global_step: int) -> None:
+    if history.steps:
+        curve = visualize.figure_to_png(visualize.learning_curve_figure(
+            *history, f"{args.env_id}, seed {args.seed}"))
+        with open(os.path.join(run_dir, "learning_curve.png"), "wb") as f:
+            f.write(curve)
+        visualize.log_encoded_image(writer, "charts/learning_curve", curve, global_step)
 
 
 def main() -> None:
     wall_start = time.time()
     args = parse_args()
-    env, env_params = gymnax.make(args.env_id)
+    env, env_params = make_env(args.env_id, args.sticky_action_prob)
     network = make_network(env.action_space(env_params).n, args.hidden_sizes, args.activation)
     runner_key, eval_key = jax.random.split(jax.random.key(args.seed))
     loaded_params = None
     if args.load_model:
-        obs_shape = jax.eval_shape(env.reset, runner_key, env_params)[0]
+        obs = jax.eval_shape(env.reset, runner_key, env_params)[0]
         try:
             loaded_params = load_model(args.load_model, args, jax.eval_shape(
-                network.init, runner_key, jax.ShapeDtypeStruct((1, *obs_shape.shape), obs_shape.dtype)))
+                network.init, runner_key, jax.ShapeDtypeStruct((1, *obs.shape), obs.dtype)))
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
@@ -751,7 +936,8 @@ def main() -> None:
     fill_runtime_fields(args)
 
     # Compile ahead of time, before the run directory exists and before the clock for SPS starts.
-    # Sampled and greedy evaluation share one program: `greedy` is an input.
+    # One evaluation program serves both protocols and both policies: `greedy` and the sticky-action
+    # probability are inputs.
     compile_start = time.time()
     if loaded_params is None:
         optimizer = make_optimizer(args)
@@ -764,10 +950,12 @@ def main() -> None:
         params = runner.params
     else:
         params = loaded_params
-    evaluate_policy = jax.jit(functools.partial(
-        evaluate, env=env, env_params=env_params, policy_apply=lambda p, o: network.apply(p, o)[0],
-        num_episodes=args.eval_episodes, max_steps=env_params.max_steps_in_episode + 1)
-    ).lower(eval_key, params, False).compile()
+    max_steps = env_params.env_params.max_steps_in_episode + 1
+    evaluate_policy = jax.jit(lambda key, params, greedy, protocol_params: evaluate(
+        key, params, greedy, env=env, env_params=protocol_params, num_episodes=args.eval_episodes,
+        policy_apply=lambda p, o: network.apply(p, o)[0], max_steps=max_steps,
+        num_recorded=min(8, args.eval_episodes))).lower(
+            eval_key, jax.device_put(params, jax.devices()[0]), False, env_params).compile()
     compile_seconds = time.time() - compile_start
 
     run_dir = make_run_dir(args)
@@ -776,8 +964,7 @@ def main() -> None:
         f"|{name}|{value}|" for name, value in vars(args).items()))
     model_path = os.path.join(run_dir, "model.safetensors")
     summary = {"status": "failed", "env_id": args.env_id, "seed": args.seed,
-               "total_timesteps": args.total_timesteps, "compile_seconds": compile_seconds,
-               "args": vars(args)}
+               "total_timesteps": args.total_timesteps, "compile_seconds": compile_seconds}
     exit_code = 0
     try:
         with StopSignals() as stop:
@@ -785,7 +972,7 @@ def main() -> None:
                 print(f"{args.env_id}: {args.num_iterations} iterations of {args.batch_size} steps on "
                       f"{args.num_devices} device(s); compiled in {compile_seconds:.1f}s; logging to {run_dir}")
                 train_start = time.time()
-                runner, status, iterations, non_finite = train(args, update_step, runner, writer, stop)
+                runner, status, iterations, non_finite, history = train(args, update_step, runner, writer, stop)
                 params, global_step = runner.params, iterations * args.batch_size
                 summary.update(train_seconds=time.time() - train_start, iterations=iterations)
                 summary["sps"] = global_step / summary["train_seconds"] if global_step else 0.0
@@ -802,10 +989,14 @@ def main() -> None:
                 exit_code = 3
             elif status == "interrupted":
                 print(f"interrupted at step {global_step:,}", file=sys.stderr)
-            else:
-                eval_start = time.time()
-                summary.update(eval_episodes=args.eval_episodes, eval=evaluate_and_log(
-                    evaluate_policy, eval_key, params, args, writer, global_step))
+            eval_start = time.time()
+            if status == "completed":
+                results = start_evaluations(evaluate_policy, eval_key, params, env_params)
+            if loaded_params is None:  # drawn while the evaluations run
+                write_learning_curve(history, args, writer, run_dir, global_step)
+            if status == "completed":
+                summary.update(eval_episodes=args.eval_episodes,
+                               eval=report_evaluations(results, args, writer, run_dir, global_step))
                 summary["eval_seconds"] = time.time() - eval_start
             if args.save_model and loaded_params is None:
                 save_model(model_path, params, args, global_step)
@@ -819,7 +1010,7 @@ def main() -> None:
         raise
     finally:
         writer.close()
-        summary["wall_seconds"] = time.time() - wall_start
+        summary.update(wall_seconds=time.time() - wall_start, args=vars(args))
         with open(os.path.join(run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=2)
     print(f"summary: {os.path.join(run_dir, 'summary.json')}")

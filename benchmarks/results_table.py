@@ -1,15 +1,20 @@
 """Reproduces the README's results table: ppo_breakout.py run once per seed, each as its own process.
 
-Each run is timed from outside (process start to exit, so imports, compilation, training and the
-evaluation all count), its peak memory read from the OS, and its summary.json read back.
+Each run is timed from outside (process start to exit, so imports, compilation, training, evaluation
+and the pictures all count), its peak memory read from the OS, and its summary.json read back. The
+evaluation columns are both protocols the script reports: gymnax's (no sticky actions) and MinAtar's
+(sticky actions with probability 0.1). `--out` keeps the rows as JSON; `--from-json` prints the table
+again from such a file without running anything.
 
-Run:  python benchmarks/results_table.py --seeds 1 2 3 4 5 --total-timesteps 1000000
+Run:  python benchmarks/results_table.py --seeds 1 2 3 4 5 --num-devices 2 --out results.json
       python benchmarks/results_table.py --script-args="--update-epochs 3"   # other settings
+      python benchmarks/results_table.py --from-json benchmarks/results/readme_table.json
 """
 
 import dataclasses
 import json
 import os
+import platform
 import resource
 import shlex
 import subprocess
@@ -27,19 +32,73 @@ class Args:
     """the seeds to run, one process each, one after another"""
     total_timesteps: int = 1_000_000
     """passed to ppo_breakout.py"""
+    num_devices: int = 2
+    """passed to ppo_breakout.py: a seed replays the same run only with the same device count"""
     exp_name: str = "results_table"
     """passed to ppo_breakout.py; the run directories are runs/{env_id}__{exp_name}__{seed}__{time}"""
     script_args: str = ""
     """more arguments for ppo_breakout.py, as one string, e.g. --script-args='--update-epochs 3'"""
+    out: str = ""
+    """write the rows and the command as JSON to this new file ("" writes none)"""
+    from_json: str = ""
+    """print the table of a JSON file written by --out, and run nothing"""
+
+
+def cpu_name() -> str:
+    """The CPU's model name and family (/proc/cpuinfo), which decide how a seed's run rounds."""
+    fields = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        return platform.processor() or "unknown"
+    return (f"{fields.get('model name', 'unknown')}, family {fields.get('cpu family', '?')}, "
+            f"{os.cpu_count()} cores, {'AVX-512' if 'avx512f' in fields.get('flags', '') else 'no AVX-512'}")
+
+
+def print_table(table: dict) -> None:
+    rows = table["rows"]
+    print(f"`{table['command']}` on {table['cpu']}:\n")
+    print("| seed | sampled | greedy | sampled, sticky 0.1 | greedy, sticky 0.1 | wall s | compile s | train SPS |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    cell = lambda e: f"{e['mean']:.2f} ± {e['std']:.2f}"  # noqa: E731
+    for row in rows:
+        e = row["eval"]
+        print(f"| {row['seed']} | {cell(e['sampled'])} | {cell(e['greedy'])} | {cell(e['sticky_0.1']['sampled'])} "
+              f"| {cell(e['sticky_0.1']['greedy'])} | {row['wall_seconds']:.1f} | {row['compile_seconds']:.1f} "
+              f"| {row['sps']:,.0f} |")
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    column = lambda pick: [pick(row) for row in rows]  # noqa: E731
+    sampled = column(lambda r: r["eval"]["sampled"]["mean"])
+    sticky = column(lambda r: r["eval"]["sticky_0.1"]["sampled"]["mean"])
+    print(f"| **mean** | **{mean(sampled):.2f}** (min {min(sampled):.2f}) "
+          f"| {mean(column(lambda r: r['eval']['greedy']['mean'])):.2f} "
+          f"| **{mean(sticky):.2f}** (min {min(sticky):.2f}) "
+          f"| {mean(column(lambda r: r['eval']['sticky_0.1']['greedy']['mean'])):.2f} "
+          f"| {mean(column(lambda r: r['wall_seconds'])):.1f} | {mean(column(lambda r: r['compile_seconds'])):.1f} "
+          f"| {mean(column(lambda r: r['sps'])):,.0f} |")
+    print(f"\npeak memory of any run: {max(column(lambda r: r['peak_gb'])):.2f} GB")
 
 
 def main() -> None:
     args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
     error = None
+    if args.from_json:
+        try:
+            with open(args.from_json) as f:
+                print_table(json.load(f))
+            return
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"error: --from-json {args.from_json}: {e!r}", file=sys.stderr)
+            sys.exit(2)
     if not args.seeds:
         error = "give at least one seed (--seeds 1 2 3)"
     elif args.total_timesteps <= 0:
         error = f"--total-timesteps must be positive, got {args.total_timesteps}"
+    elif args.out and os.path.exists(args.out):
+        error = f"--out {args.out} exists; choose another name"
     try:
         script_args = shlex.split(args.script_args)
     except ValueError as e:  # an unclosed quote
@@ -49,8 +108,8 @@ def main() -> None:
         sys.exit(2)
     rows = []
     for seed in args.seeds:
-        command = [sys.executable, SCRIPT, "--seed", str(seed), "--total-timesteps",
-                   str(args.total_timesteps), "--exp-name", args.exp_name, *script_args]
+        command = [sys.executable, SCRIPT, "--seed", str(seed), "--total-timesteps", str(args.total_timesteps),
+                   "--num-devices", str(args.num_devices), "--exp-name", args.exp_name, *script_args]
         start = time.time()
         result = subprocess.run(command, capture_output=True, text=True)
         wall = time.time() - start
@@ -60,24 +119,18 @@ def main() -> None:
         # ru_maxrss of children: the largest peak of any child so far, in KiB on Linux.
         peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
         summary_path = result.stdout.strip().splitlines()[-1].removeprefix("summary: ")
-        summary = json.load(open(summary_path))
-        rows.append((seed, summary, wall, peak_gb))
-        print(f"seed {seed}: sampled {summary['eval']['sampled']['mean']:.2f}, "
-              f"wall {wall:.1f}s", file=sys.stderr)
-
-    print("| seed | sampled eval return | greedy eval return | wall s | compile s | train SPS |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for seed, s, wall, _ in rows:
-        print(f"| {seed} | {s['eval']['sampled']['mean']:.2f} ± {s['eval']['sampled']['std']:.2f} "
-              f"| {s['eval']['greedy']['mean']:.2f} ± {s['eval']['greedy']['std']:.2f} "
-              f"| {wall:.1f} | {s['compile_seconds']:.1f} | {s['sps']:,.0f} |")
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    sampled = [s["eval"]["sampled"]["mean"] for _, s, _, _ in rows]
-    print(f"| **mean** | **{mean(sampled):.2f}** (min {min(sampled):.2f}) "
-          f"| {mean([s['eval']['greedy']['mean'] for _, s, _, _ in rows]):.2f} "
-          f"| {mean([w for _, _, w, _ in rows]):.1f} | {mean([s['compile_seconds'] for _, s, _, _ in rows]):.1f} "
-          f"| {mean([s['sps'] for _, s, _, _ in rows]):,.0f} |")
-    print(f"\npeak memory of any run: {max(p for *_, p in rows):.2f} GB")
+        with open(summary_path) as f:
+            summary = json.load(f)
+        rows.append({"seed": seed, "eval": summary["eval"], "wall_seconds": wall,
+                     "compile_seconds": summary["compile_seconds"], "sps": summary["sps"], "peak_gb": peak_gb,
+                     "run_dir": os.path.dirname(summary_path)})
+        print(f"seed {seed}: sampled {summary['eval']['sampled']['mean']:.2f}, wall {wall:.1f}s", file=sys.stderr)
+    table = {"command": "python benchmarks/results_table.py " + shlex.join(sys.argv[1:]), "cpu": cpu_name(),
+             "rows": rows}
+    print_table(table)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(table, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -18,11 +18,13 @@ import optax
 import pytest
 import rlax
 from jax.sharding import Mesh
+from PIL import Image
 from jax.sharding import PartitionSpec as P
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import ppo_breakout as ppo
 from probe_envs import ProbeEnv
+from utils import visualize
 from utils.evaluation import evaluate
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ppo_breakout.py")
@@ -230,6 +232,129 @@ def test_evaluate_counts_complete_episodes_with_known_returns():
     assert 0 < int(cut.finished.sum()) < 64
 
 
+def test_evaluate_keeps_what_behaviour_diagnostics_need():
+    # Greedy action 1 in the probe: an episode is fixed by its horizon (2, 3, or 6 cut to 4 by the
+    # time limit), so there are exactly three distinct episodes, and the frames are the clock.
+    env = ProbeEnv()
+    policy = lambda params, obs: jnp.tile(params, (obs.shape[0], 1))  # noqa: E731
+    result = jax.device_get(evaluate(
+        jax.random.key(0), jnp.array([0.0, 10.0]), True, env=env, env_params=env.default_params,
+        policy_apply=policy, num_episodes=64, max_steps=10, num_recorded=4))
+    lengths = result.lengths
+    np.testing.assert_array_equal(result.terminated, lengths < 4)  # 4 steps: the time limit
+    np.testing.assert_allclose(result.final_obs[:, 0], lengths / 10)  # the step it ended on, pre-reset
+    assert len(np.unique(result.fingerprint)) == 3
+    for length in (2, 3, 4):  # equal episodes, equal fingerprints
+        assert len(np.unique(result.fingerprint[lengths == length])) == 1
+    assert result.frames.shape == (4, 11, 2)
+    for frames, length in zip(result.frames, lengths[:4]):
+        np.testing.assert_allclose(frames[:length + 1, 0], np.arange(length + 1) / 10)
+
+    # Sampled actions change the observations only through the clock here, which they do not touch:
+    # the fingerprint depends on the observations alone, not on the actions or rewards.
+    sampled = jax.device_get(evaluate(
+        jax.random.key(1), jnp.zeros(2), False, env=env, env_params=env.default_params,
+        policy_apply=policy, num_episodes=64, max_steps=10))
+    assert len(np.unique(sampled.fingerprint)) == 3
+
+
+def sticky_rollout(env, env_params, actions: np.ndarray, key: jax.Array):
+    """Steps one environment through `actions`: (executed actions, observations, done flags)."""
+    obs, state = env.reset(jax.random.key(0), env_params)
+
+    def step(carry, action_and_key):
+        state, _ = carry
+        action, step_key = action_and_key
+        obs, state, reward, terminated, truncated, _ = env.step(step_key, state, action, env_params)
+        executed = state.last_action if hasattr(state, "last_action") else action
+        return (state, obs), (executed, obs, terminated | truncated)
+
+    _, out = jax.lax.scan(step, (state, obs), (jnp.asarray(actions), jax.random.split(key, len(actions))))
+    return jax.device_get(out)
+
+
+def test_sticky_actions_at_zero_change_nothing():
+    # The wrapper draws with a key of its own, so at probability 0 the game sees the same keys.
+    actions = np.random.default_rng(0).integers(0, 3, 300)
+    base, base_params = gymnax.make("Breakout-MinAtar")
+    env, env_params = ppo.make_env("Breakout-MinAtar", 0.0)
+    wrapped = sticky_rollout(env, env_params, actions, jax.random.key(5))
+    plain = sticky_rollout(base, base_params, actions, jax.random.key(5))
+    np.testing.assert_array_equal(wrapped[0], actions)
+    np.testing.assert_array_equal(wrapped[1], plain[1])
+    np.testing.assert_array_equal(wrapped[2], plain[2])
+
+
+def test_sticky_actions_repeat_the_executed_action_with_the_given_probability():
+    prob, num_steps = 0.25, 20_000
+    actions = np.random.default_rng(0).integers(0, 2, num_steps)
+    env = ppo.StickyActions(ProbeEnv())  # episodes of 2-4 steps: thousands of episode boundaries
+    executed, _, done = sticky_rollout(env, ppo.StickyParams(ProbeEnv().default_params, prob),
+                                       actions, jax.random.key(1))
+    previous = np.concatenate([[0], executed[:-1]])  # the first episode starts from action 0 (no-op)
+    # Each step executes either the chosen action or the previous executed one, nothing else...
+    assert np.all((executed == actions) | (executed == previous))
+    # ... and repeats where the choice differs with probability prob (binomial: 4 standard errors).
+    differs = actions != previous
+    repeated = (executed == previous)[differs].mean()
+    assert abs(repeated - prob) < 4 * np.sqrt(prob * (1 - prob) / differs.sum()), repeated
+    # The last action carries over into the next episode, as in MinAtar: after a boundary the first
+    # step repeats it as often as any other step.
+    first = np.concatenate([[False], done[:-1]]) & differs
+    assert first.sum() > 1000
+    assert abs((executed == previous)[first].mean() - prob) < 4 * np.sqrt(prob * (1 - prob) / first.sum())
+
+
+def test_breakout_behaviour_reads_where_the_ball_was_lost():
+    obs = np.zeros((2, 10, 10, 4), np.float32)
+    obs[:, 9, 6, visualize.BREAKOUT_PADDLE] = 1  # paddle at column 6
+    obs[0, 9, 2, visualize.BREAKOUT_BALL] = 1  # ball lost at column 2
+    obs[1, 9, 5, visualize.BREAKOUT_BALL] = 1
+    obs[0, 1:4, :, visualize.BREAKOUT_BRICK] = 1  # a full wall: 30 bricks
+    obs[1, 1, :7, visualize.BREAKOUT_BRICK] = 1
+    lost = visualize.breakout_ball_lost(obs, np.array([True, True]))
+    np.testing.assert_array_equal(lost["ball_column"], [2, 5])
+    np.testing.assert_array_equal(lost["paddle_column"], [6, 6])
+    np.testing.assert_array_equal(lost["bricks_left"], [30, 7])
+    assert visualize.breakout_ball_lost(obs, np.array([False, True]))["bricks_left"].tolist() == [7]
+
+
+def test_training_diagnostics_against_numpy_on_one_and_two_devices():
+    rng = np.random.default_rng(0)
+    n, hidden = 64, (8, 4)
+    network = ppo.make_network(3, hidden, "relu", return_features=True)
+    obs = jnp.asarray(rng.integers(0, 2, (n, 10, 10, 4)), jnp.float32)
+    params = network.init(jax.random.key(0), obs)
+    params["torso_0"]["b"] = params["torso_0"]["b"].at[:3].set(-100.0)  # three first-layer units never fire
+    batch = ppo.Batch(obs=obs, action=jnp.asarray(np.r_[np.zeros(32), np.ones(16), 2 * np.ones(16)], jnp.int32),
+                      logits=jnp.asarray(rng.normal(size=(n, 3)) * 5, jnp.float32),
+                      value=jnp.asarray(rng.normal(size=n), jnp.float32),
+                      advantage=jnp.asarray(rng.normal(loc=2.0, size=n), jnp.float32),
+                      target=jnp.asarray(rng.normal(size=n), jnp.float32))
+    b = jax.device_get(batch)
+    _, _, features = network.apply(params, obs)
+    expected = {
+        "logit_gap_max": (b.logits.max(1) - b.logits.min(1)).max(),
+        "advantage_mean": b.advantage.mean(), "advantage_std": b.advantage.std(),
+        "value_error": np.sqrt(np.mean((b.target - b.value) ** 2)),
+        "silent_units": 1 - np.asarray((features > 0).any(0)).mean(),
+    }
+    assert expected["silent_units"] >= 3 / 12
+
+    single = jax.jit(lambda batch: ppo.training_diagnostics(params, batch, network, None))(batch)
+    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    parallel = jax.jit(jax.shard_map(lambda batch: ppo.training_diagnostics(params, batch, network, "data"),
+                                     mesh=mesh, in_specs=P("data"), out_specs=P(), check_vma=False))(batch)
+    for result in (single, parallel):
+        for name, value in expected.items():
+            np.testing.assert_allclose(result[name], value, rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(result["action_frequency"], [0.5, 0.25, 0.25])
+        for name, data in (("logits", b.logits), ("value", b.value), ("advantage", b.advantage)):
+            h = result["histograms"][name]
+            assert h["counts"].sum() == data.size
+            np.testing.assert_allclose([h["edges"][0], h["edges"][-1]], [data.min(), data.max()], rtol=1e-6)
+
+
 def test_data_parallel_step_equals_the_single_device_step_on_the_whole_minibatch():
     # Two devices, each with half of a minibatch, must take exactly the step one device takes on all
     # of it. The halves have different advantage statistics, so normalising per device would fail.
@@ -352,7 +477,11 @@ TINY = ["--total-timesteps", "4096", "--num-envs", "16", "--num-steps", "128", "
         "--update-epochs", "1", "--eval-episodes", "8", "--seed", "3"]
 TAGS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
         "losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl",
-        "losses/clipfrac", "losses/explained_variance", "losses/grad_norm"]
+        "losses/clipfrac", "losses/explained_variance",
+        "eval/sampled_return", "eval/greedy_return", "eval/sticky_0.1/sampled_return",
+        "eval/sticky_0.1/greedy_return", "eval/greedy_distinct_episodes"]
+DIAGNOSTIC_TAGS = [f"diagnostics/{name}" for name in ppo.DIAGNOSTICS] + [
+    f"diagnostics/action_{a}_frequency" for a in range(3)]
 
 
 def only_run_dir(path) -> str:
@@ -400,17 +529,35 @@ def test_script_logs_tensorboard_and_writes_summary(tiny_run):
     # 2 iterations x 1 epoch x 4 minibatches: the last updates of each iteration are numbers 3 and 7 of 8.
     assert learning_rates == pytest.approx([5e-3 * (1 - 3 / 8), 5e-3 * (1 - 7 / 8)])
     assert all(0 < value < 1000 for _, value in scalars["charts/episodic_length"])  # never a placeholder 0
-    events = EventAccumulator(run_dir)
+    for tag in DIAGNOSTIC_TAGS:
+        assert len(scalars[tag]) == 2 and np.isfinite([value for _, value in scalars[tag]]).all(), tag
+    frequencies = np.array([[value for _, value in scalars[f"diagnostics/action_{a}_frequency"]]
+                            for a in range(3)])
+    np.testing.assert_allclose(frequencies.sum(0), 1.0, rtol=1e-5)
+    events = EventAccumulator(run_dir, size_guidance={"images": 0, "histograms": 0})
     events.Reload()
     assert any("hyperparameters" in tag for tag in events.Tags()["tensors"])
+    assert set(events.Tags()["histograms"]) == {f"histograms/{name}" for name in
+                                                 ("logits", "log_ratio", "advantage", "value")}
+    assert len(events.Histograms("histograms/logits")) == 2  # every tenth of training (here: each)
+    assert set(events.Tags()["images"]) == {"eval/play", "eval/behaviour", "charts/learning_curve"}
+    for name, frames in (("play.gif", 2), ("behaviour.png", 1), ("learning_curve.png", 1)):
+        with Image.open(os.path.join(run_dir, name)) as image:  # a valid image, decoded to the end
+            image.load()
+            assert getattr(image, "n_frames", 1) >= frames and min(image.size) > 100, name
 
     summary = read_summary(run_dir)
     assert summary["status"] == "completed"
     assert summary["env_id"] == "Breakout-MinAtar" and summary["seed"] == 3
     assert summary["total_timesteps"] == 4096 and summary["global_step"] == 4096
-    for mode in ("sampled", "greedy"):
-        assert set(summary["eval"][mode]) >= {"mean", "std", "min", "max"}
-        assert summary["eval"][mode]["min"] <= summary["eval"][mode]["mean"] <= summary["eval"][mode]["max"]
+    for protocol in (summary["eval"], summary["eval"]["sticky_0.1"]):
+        for mode in ("sampled", "greedy"):
+            numbers = protocol[mode]
+            assert numbers["min"] <= numbers["mean"] <= numbers["max"]
+            assert 1 <= numbers["distinct_episodes"] <= 8
+            assert sum(numbers["return_counts"].values()) == 8
+            assert sum(numbers["ball_lost"]["bricks_left"].values()) == numbers["terminated"]
+    assert summary["eval"]["greedy"]["distinct_episodes"] <= 2  # a deterministic game: one per ball start
     assert summary["eval_episodes"] == 8
     for key in ("compile_seconds", "train_seconds", "sps", "wall_seconds"):
         assert summary[key] > 0
@@ -430,6 +577,18 @@ def test_same_seed_and_arguments_replay_the_run_bit_for_bit(tiny_run, tmp_path):
     assert read_summary(first_dir)["eval"] == read_summary(second_dir)["eval"]
 
 
+def test_diagnostics_observe_training_without_changing_it(tiny_run, tmp_path):
+    _, with_dir = tiny_run
+    result = run_script(tmp_path, *TINY, "--no-diagnostics")
+    assert result.returncode == 0, result.stderr
+    without_dir = only_run_dir(tmp_path)
+    with_, without = read_scalars(with_dir), read_scalars(without_dir)
+    assert not any(tag.startswith("diagnostics/") for tag in without)
+    for tag in without:
+        if tag != "charts/SPS":
+            assert without[tag] == with_[tag], tag
+
+
 def test_a_saved_model_evaluates_to_the_training_runs_own_evaluation(tiny_run, tmp_path):
     _, train_dir = tiny_run
     model = os.path.join(train_dir, "model.safetensors")
@@ -440,6 +599,22 @@ def test_a_saved_model_evaluates_to_the_training_runs_own_evaluation(tiny_run, t
     assert summary["status"] == "completed" and summary["load_model"] == model
     assert summary["eval"] == read_summary(train_dir)["eval"]
     assert "model" not in summary  # evaluating a model never writes another one
+
+
+def test_plot_curves_overlays_runs_and_never_overwrites(tiny_run, tmp_path):
+    _, run_dir = tiny_run
+    plot = os.path.join(os.path.dirname(SCRIPT), "benchmarks", "plot_curves.py")
+    out = tmp_path / "curves.png"
+    command = [sys.executable, plot, run_dir, run_dir, "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    with Image.open(out) as image:
+        image.load()
+    written = out.read_bytes()
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and again.stderr.strip().splitlines() == [
+        f"error: --out {out} exists; choose another name"]
+    assert out.read_bytes() == written
 
 
 def test_saved_model_round_trips_with_the_network_arguments_in_its_header(tmp_path):
@@ -621,10 +796,10 @@ def test_hidden_sizes_and_activation_set_the_shared_torso(activation, feature_fa
     network = ppo.make_network(3, args.hidden_sizes, args.activation)
     params = network.init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
     f = feature_factor
-    shapes = [params[f"torso/~/linear_{i}"]["w"].shape for i in range(3)]
+    shapes = [params[f"torso_{i}"]["w"].shape for i in range(3)]
     assert shapes == [(400, 32), (32 * f, 16), (16 * f, 8)]
     assert params["policy"]["w"].shape == (8 * f, 3) and params["value"]["w"].shape == (8 * f, 1)
-    np.testing.assert_allclose(np.linalg.norm(params["torso/~/linear_0"]["w"], axis=0), gain, rtol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(params["torso_0"]["w"], axis=0), gain, rtol=1e-5)
 
 
 def test_every_activation_the_cli_accepts_has_a_gain():

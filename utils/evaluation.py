@@ -5,6 +5,10 @@
 `terminated` or `truncated` (e.g. Breakout-MinAtar's 1000-step limit): both count as finished. gymnax
 auto-resets an environment the step it ends, so each episode's return and length are frozen at that step
 and whatever the reset environment does afterwards is ignored.
+
+Besides returns and lengths it keeps what behaviour diagnostics need: each episode's last observation
+(before the auto-reset), whether it terminated, a fingerprint of its observation sequence (equal
+fingerprints: the same episode), and the frames of the first `num_recorded` episodes.
 """
 
 import functools
@@ -19,6 +23,10 @@ class EvalResult(NamedTuple):
     returns: jax.Array  # (num_episodes,) undiscounted return of each episode
     lengths: jax.Array  # (num_episodes,) steps in each episode
     finished: jax.Array  # (num_episodes,) True where the episode ended before `max_steps`
+    terminated: jax.Array  # (num_episodes,) True where it ended by the game's rule, not the time limit
+    final_obs: jax.Array  # (num_episodes, *obs_shape) the observation the episode ended on
+    fingerprint: jax.Array  # (num_episodes,) uint32 hash of the episode's observation sequence
+    frames: jax.Array  # (num_recorded, max_steps + 1, *obs_shape) observations 0..length of the first episodes
 
 
 class _EvalCarry(NamedTuple):
@@ -28,10 +36,21 @@ class _EvalCarry(NamedTuple):
     returns: jax.Array
     lengths: jax.Array
     finished: jax.Array
+    terminated: jax.Array
+    final_obs: jax.Array
+    fingerprint: jax.Array
+    frames: jax.Array
     t: jax.Array
 
 
-@functools.partial(jax.jit, static_argnames=("env", "policy_apply", "num_episodes", "max_steps"))
+def _observation_hash(obs: jax.Array) -> jax.Array:
+    """A uint32 hash of each observation's exact bits: a fixed random weighting, summed with wrap-around."""
+    bits = jax.lax.bitcast_convert_type(obs.reshape(obs.shape[0], -1).astype(jnp.float32), jnp.uint32)
+    weights = jax.random.bits(jax.random.key(0), bits.shape[1:], jnp.uint32) | 1
+    return jnp.sum(bits * weights, axis=-1, dtype=jnp.uint32)
+
+
+@functools.partial(jax.jit, static_argnames=("env", "policy_apply", "num_episodes", "max_steps", "num_recorded"))
 def evaluate(
     key: jax.Array,
     policy_params: Any,
@@ -42,12 +61,14 @@ def evaluate(
     policy_apply: Callable[[Any, jax.Array], jax.Array],
     num_episodes: int,
     max_steps: int,
+    num_recorded: int = 0,
 ) -> EvalResult:
     """Plays `num_episodes` episodes with the policy whose logits are `policy_apply(params, obs_batch)`.
 
     `greedy` picks the arg-max action instead of sampling; it is traced, so sampled and greedy
-    evaluation share one compiled program. The loop stops once all episodes have ended or after
-    `max_steps` steps; episodes still running then are reported with `finished=False`.
+    evaluation share one compiled program, as do any `env_params` of one structure. The loop stops once
+    all episodes have ended or after `max_steps` steps; episodes still running then are reported with
+    `finished=False`.
     """
     vmap_reset = jax.vmap(env.reset, in_axes=(0, None))
     vmap_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
@@ -63,10 +84,15 @@ def evaluate(
         action = jnp.where(
             greedy, jnp.argmax(logits, axis=-1), jax.random.categorical(action_key, logits)
         )
-        obs, env_state, reward, terminated, truncated, _ = vmap_step(
+        obs, env_state, reward, terminated, truncated, info = vmap_step(
             jax.random.split(step_key, num_episodes), carry.env_state, action, env_params
         )
         running = jnp.logical_not(carry.finished)
+        ends = running & (terminated | truncated)
+        final_obs = info["final_observation"]  # before the auto-reset
+        # Frame t + 1 of a recorded episode is what its step t led to (the pre-reset one at its end).
+        frames = jax.lax.dynamic_update_index_in_dim(
+            carry.frames, final_obs[:num_recorded][:, None], carry.t + 1, axis=1)
         return _EvalCarry(
             key=key,
             obs=obs,
@@ -74,6 +100,11 @@ def evaluate(
             returns=carry.returns + jnp.where(running, reward, 0.0),
             lengths=carry.lengths + running.astype(jnp.int32),
             finished=carry.finished | terminated | truncated,
+            terminated=carry.terminated | (ends & terminated),
+            final_obs=jnp.where(ends.reshape(-1, *[1] * (obs.ndim - 1)), final_obs, carry.final_obs),
+            fingerprint=jnp.where(running, carry.fingerprint * jnp.uint32(16777619)
+                                  ^ _observation_hash(final_obs), carry.fingerprint),
+            frames=frames,
             t=carry.t + 1,
         )
 
@@ -84,7 +115,14 @@ def evaluate(
         returns=jnp.zeros(num_episodes, jnp.float32),
         lengths=jnp.zeros(num_episodes, jnp.int32),
         finished=jnp.zeros(num_episodes, bool),
+        terminated=jnp.zeros(num_episodes, bool),
+        final_obs=jnp.zeros_like(obs),
+        fingerprint=_observation_hash(obs),
+        frames=jnp.zeros((num_recorded, max_steps + 1, *obs.shape[1:]), obs.dtype).at[:, 0].set(
+            obs[:num_recorded]),
         t=jnp.zeros((), jnp.int32),
     )
     final = jax.lax.while_loop(still_running, step, init)
-    return EvalResult(returns=final.returns, lengths=final.lengths, finished=final.finished)
+    return EvalResult(returns=final.returns, lengths=final.lengths, finished=final.finished,
+                      terminated=final.terminated, final_obs=final.final_obs,
+                      fingerprint=final.fingerprint, frames=final.frames)

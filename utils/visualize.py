@@ -1,0 +1,218 @@
+"""Pictures of a trained agent: its play as a GIF, its behaviour at evaluation, its learning curve.
+
+Everything here reads results on the host (numpy arrays from `utils.evaluation.evaluate` and logged
+returns) and writes files; nothing runs under `jit`. MinAtar observations are 10x10 grids with one
+binary channel per kind of object, drawn here one colour per channel.
+"""
+
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")  # write files, never open a window
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from PIL import Image, ImageDraw  # noqa: E402
+
+# Breakout-MinAtar's channels, from gymnax's MinBreakout: paddle 0, ball 1, trail 2, brick 3.
+BREAKOUT_CHANNELS = ["paddle", "ball", "trail", "brick"]
+BREAKOUT_PADDLE, BREAKOUT_BALL, BREAKOUT_BRICK = 0, 1, 3
+CHANNEL_COLOURS = (np.array(plt.get_cmap("tab10").colors) * 255).astype(np.uint8)
+CELL = 16  # pixels per grid cell
+LABEL = 14  # pixels of the label strip above each panel
+
+
+# ---------------------------------------------------------------------------------------------------
+# The agent playing
+# ---------------------------------------------------------------------------------------------------
+def grids_to_pixels(obs: np.ndarray) -> np.ndarray:
+    """(T, H, W, C) binary grids -> (T, H * CELL, W * CELL) palette indices: 0 is empty, c + 1 is
+    channel c (a later channel drawn over an earlier one), with a dark line between cells."""
+    indices = np.zeros(obs.shape[:3], np.uint8)
+    for channel in range(obs.shape[-1]):
+        indices = np.where(obs[..., channel] > 0, channel + 1, indices)
+    pixels = indices.repeat(CELL, axis=1).repeat(CELL, axis=2)
+    pixels[:, ::CELL, :] = pixels[:, :, ::CELL] = 11  # grid lines
+    return pixels
+
+
+def text_strip(width: int, texts: list[tuple[int, str, int]]) -> np.ndarray:
+    """A LABEL-high strip of palette indices with each (x, text, colour index) written on it."""
+    strip = Image.new("P", (width, LABEL))
+    for x, text, colour in texts:
+        ImageDraw.Draw(strip).text((x, 1), text, fill=colour)
+    return np.asarray(strip)
+
+
+def play_gif(episodes: list[np.ndarray], titles: list[str], channel_names: list[str] | None = None,
+             frame_ms: int = 50) -> bytes:
+    """A GIF of several episodes side by side, one panel each, frame t showing every episode's step t
+    (an episode that has ended stays on its last frame). Each episode is (T, H, W, C); a legend of the
+    channels' colours runs along the bottom."""
+    palette = np.zeros((256, 3), np.uint8)
+    palette[1:11] = CHANNEL_COLOURS
+    palette[11] = (40, 40, 40)  # grid lines
+    palette[12] = (255, 255, 255)  # text
+    num_frames = max(len(episode) for episode in episodes)
+    height, width = episodes[0].shape[1] * CELL, episodes[0].shape[2] * CELL
+    gap = 4
+    canvas = np.zeros((num_frames, 2 * LABEL + height, len(episodes) * (width + gap) - gap), np.uint8)
+    names = channel_names or [f"channel {c}" for c in range(episodes[0].shape[-1])]
+    legend, x = [], 2
+    for channel, name in enumerate(names):
+        legend.append((x + 11, name, 12))
+        x += 16 + 6 * len(name)
+    canvas[:, -LABEL:] = text_strip(canvas.shape[2], legend)
+    x = 2
+    for channel, name in enumerate(names):  # a colour swatch before each name
+        canvas[:, -LABEL + 3:-LABEL + 11, x:x + 8] = channel + 1
+        x += 16 + 6 * len(name)
+    for i, (episode, title) in enumerate(zip(episodes, titles)):
+        left = i * (width + gap)
+        canvas[:len(episode), LABEL:-LABEL, left:left + width] = grids_to_pixels(episode)
+        canvas[len(episode):, LABEL:-LABEL, left:left + width] = canvas[len(episode) - 1, LABEL:-LABEL,
+                                                                        left:left + width]
+        canvas[:len(episode) - 1, :LABEL, left:left + width] = text_strip(width, [(2, title, 12)])
+        canvas[len(episode) - 1:, :LABEL, left:left + width] = text_strip(
+            width, [(2, f"{title}: over at {len(episode) - 1}", 12)])
+    frames = [Image.fromarray(frame, "P") for frame in canvas]
+    for frame in frames:
+        frame.putpalette(palette.ravel().tolist())
+    buffer = io.BytesIO()
+    frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:], duration=frame_ms, loop=0)
+    return buffer.getvalue()
+
+
+def play_gif_of(sampled, sticky, breakout: bool) -> bytes | None:
+    """play_gif of two recorded episodes of `sampled` that start differently (in Breakout, the ball
+    from the left and from the right) and one of `sticky`; None where observations are not grids."""
+    if sampled.frames.ndim != 5:
+        return None
+    first = sampled.frames[:, 0]
+    other = next((i for i in range(1, len(first)) if not np.array_equal(first[i], first[0])), 1)
+    episodes = [sampled.frames[i, :sampled.lengths[i] + 1] for i in (0, other)]
+    episodes.append(sticky.frames[0, :sticky.lengths[0] + 1])
+    titles = ["start 1", "start 2", "sticky 0.1"]
+    if breakout:
+        titles[:2] = [f"ball from the {'left' if e[0, ..., BREAKOUT_BALL].max(0).argmax() < 5 else 'right'}"
+                      for e in episodes[:2]]
+    return play_gif(episodes, titles, BREAKOUT_CHANNELS if breakout else None)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Behaviour at evaluation
+# ---------------------------------------------------------------------------------------------------
+def breakout_ball_lost(final_obs: np.ndarray, terminated: np.ndarray) -> dict[str, np.ndarray]:
+    """Where each terminated Breakout episode lost the ball: its column and the paddle's column on the
+    losing step, and the bricks still standing."""
+    lost = final_obs[terminated]
+    return {"ball_column": lost[..., BREAKOUT_BALL].max(axis=1).argmax(axis=-1),
+            "paddle_column": lost[:, -1, :, BREAKOUT_PADDLE].argmax(axis=-1),
+            "bricks_left": lost[..., BREAKOUT_BRICK].sum(axis=(1, 2)).astype(int)}
+
+
+def counts(values) -> dict[str, int]:
+    """{value: how often}, for summary.json (JSON keys are strings)."""
+    unique, number = np.unique(np.asarray(values), return_counts=True)
+    return {str(u.item()): int(n) for u, n in zip(unique, number)}
+
+
+def behaviour_numbers(result, breakout: bool) -> dict:
+    """summary.json's numbers for one evaluation (a host copy of an EvalResult)."""
+    numbers = {
+        "mean": float(result.returns.mean()), "std": float(result.returns.std()),
+        "min": float(result.returns.min()), "max": float(result.returns.max()),
+        "mean_length": float(result.lengths.mean()),
+        "distinct_episodes": int(len(np.unique(result.fingerprint))),
+        "terminated": int(result.terminated.sum()),
+        "return_counts": counts(result.returns.astype(int) if breakout else result.returns),
+        "length_quartiles": np.percentile(result.lengths, [0, 25, 50, 75, 100]).tolist(),
+    }
+    if breakout:
+        lost = breakout_ball_lost(result.final_obs, result.terminated)
+        numbers["ball_lost"] = {"ball_minus_paddle_column": counts(lost["ball_column"] - lost["paddle_column"]),
+                                "bricks_left": counts(lost["bricks_left"])}
+    return numbers
+
+
+def behaviour_figure(results: dict, breakout: bool, title: str) -> plt.Figure:
+    """Returns, lengths, distinct episodes and how episodes end for each evaluation in `results`
+    ({label: EvalResult on the host}), and for Breakout where the ball is lost."""
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5), layout="constrained")
+    fig.suptitle(title, fontsize=13)
+    labels = list(results)
+    colours = plt.get_cmap("tab10").colors
+    for label, colour in zip(labels, colours):
+        r = results[label]
+        bins = np.arange(r.returns.min(), r.returns.max() + 2) - 0.5 if breakout else 30
+        axes[0, 0].hist(r.returns, bins=bins, histtype="step", linewidth=1.8, color=colour,
+                        label=f"{label}: mean {r.returns.mean():.1f}")
+        axes[0, 1].hist(r.lengths, bins=30, histtype="step", linewidth=1.8, color=colour, label=label)
+    axes[0, 0].set(title="Return of each episode" + (" (bricks broken)" if breakout else ""),
+                   xlabel="return", ylabel="episodes")
+    axes[0, 1].set(title="Episode length", xlabel="steps", ylabel="episodes")
+    distinct = [len(np.unique(results[label].fingerprint)) for label in labels]
+    bars = axes[0, 2].bar(labels, distinct, color=colours[:len(labels)])
+    axes[0, 2].bar_label(bars)
+    axes[0, 2].set(title=f"Distinct episodes (of {len(results[labels[0]].returns)} played)",
+                   ylabel="episodes with their own observation sequence")
+    terminated = np.array([results[label].terminated.mean() for label in labels])
+    axes[1, 2].bar(labels, terminated, color="tab:red", label="ended by the game (ball lost)" if breakout
+                   else "ended by the game")
+    axes[1, 2].bar(labels, 1 - terminated, bottom=terminated, color="tab:gray", label="time limit")
+    axes[1, 2].set(title="How episodes end", ylabel="share of episodes", ylim=(0, 1))
+    if breakout:
+        lost = breakout_ball_lost(results[labels[0]].final_obs, results[labels[0]].terminated)
+        grid = np.zeros((10, 10), int)
+        np.add.at(grid, (lost["paddle_column"], lost["ball_column"]), 1)
+        image = axes[1, 0].imshow(grid, origin="lower", cmap="viridis")
+        fig.colorbar(image, ax=axes[1, 0], label="episodes")
+        axes[1, 0].set(title=f"Where the ball is lost ({labels[0]})", xlabel="ball column",
+                       ylabel="paddle column", xticks=range(10), yticks=range(10))
+        for label, colour in zip(labels, colours):
+            r = results[label]
+            left = breakout_ball_lost(r.final_obs, r.terminated)["bricks_left"]
+            axes[1, 1].hist(left, bins=np.arange(0, 32) - 0.5, histtype="step", linewidth=1.8, color=colour,
+                            label=label)
+        axes[1, 1].set(title="Bricks left on the wall when the ball is lost", xlabel="bricks", ylabel="episodes")
+    else:
+        axes[1, 0].axis("off")
+        axes[1, 1].axis("off")
+    for ax in axes.flat:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=10)
+        ax.tick_params(labelsize=10)
+    axes[0, 2].tick_params(axis="x", labelrotation=15)
+    axes[1, 2].tick_params(axis="x", labelrotation=15)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------------
+# Learning curves
+# ---------------------------------------------------------------------------------------------------
+def learning_curve_figure(steps, seconds, returns, title: str) -> plt.Figure:
+    """Mean return of the training episodes that ended in each iteration, against environment steps
+    and against seconds of training."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), layout="constrained")
+    fig.suptitle(title, fontsize=13)
+    for ax, x, xlabel in ((axes[0], steps, "environment steps"), (axes[1], seconds, "seconds of training")):
+        ax.plot(x, returns, linewidth=1.5)
+        ax.set(xlabel=xlabel, ylabel="episodic return (training episodes)")
+        ax.grid(alpha=0.3)
+    return fig
+
+
+def figure_to_png(fig: plt.Figure) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=80)
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def log_encoded_image(writer, tag: str, data: bytes, step: int) -> None:
+    """An encoded PNG or GIF as a TensorBoard image (TensorBoard plays GIFs), without decoding it."""
+    from tensorboardX.proto.summary_pb2 import Summary
+
+    width, height = Image.open(io.BytesIO(data)).size
+    image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=data)
+    writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
