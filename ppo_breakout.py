@@ -335,12 +335,11 @@ def actor_critic(obs: jax.Array, num_actions: int, hidden_sizes: tuple[int, ...]
     return (logits, value, jnp.concatenate(features, axis=-1)) if return_features else (logits, value)
 
 
-def make_network(num_actions: int, hidden_sizes: tuple[int, ...], activation: str,
-                 return_features: bool = False) -> hk.Transformed:
-    """`actor_critic` as Haiku's pure (init, apply) pair; apply takes no random key."""
+def make_network(num_actions: int, hidden_sizes: tuple[int, ...], activation: str) -> hk.Transformed:
+    """`actor_critic` as Haiku's pure (init, apply) pair; apply takes no random key, and
+    `apply(params, obs, return_features=True)` adds the torso's features."""
     return hk.without_apply_rng(hk.transform(functools.partial(
-        actor_critic, num_actions=num_actions, hidden_sizes=hidden_sizes, activation=activation,
-        return_features=return_features)))
+        actor_critic, num_actions=num_actions, hidden_sizes=hidden_sizes, activation=activation)))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -473,7 +472,7 @@ def value_loss(values: jax.Array, old_values: jax.Array, targets: jax.Array,
 
 def ppo_loss(params: hk.Params, network: hk.Transformed, mb: Batch,
              args: Args) -> tuple[jax.Array, dict[str, jax.Array]]:
-    logits, values = network.apply(params, mb.obs)
+    logits, values, features = network.apply(params, mb.obs, return_features=True)
     pg_loss, log_ratio = policy_loss(logits, mb.logits, mb.action, mb.advantage, args.clip_coef)
     v_loss = value_loss(values, mb.value, mb.target, args.clip_coef, args.clip_vloss)
     entropy = -jnp.sum(jax.nn.softmax(logits) * jax.nn.log_softmax(logits), axis=-1).mean()
@@ -491,6 +490,7 @@ def ppo_loss(params: hk.Params, network: hk.Transformed, mb: Batch,
     }
     if args.diagnostics:  # a histogram with fixed edges, so the minibatches' counts add up
         metrics["log_ratio_counts"] = jnp.histogram(log_ratio, LOG_RATIO_EDGES)[0]
+        metrics["active_units"] = (features > 0).any(axis=0)
     return loss, metrics
 
 
@@ -569,9 +569,6 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
     Without `axis_name`, the same function runs on one device. Sizes are read from the arrays, so
     they are per device.
     """
-    feature_network = make_network(env.action_space(env_params).n, args.hidden_sizes, args.activation,
-                                   return_features=True)
-
     def variance_over_devices(x):
         mean = mean_over_devices(x.mean(), axis_name)
         return mean_over_devices(jnp.square(x - mean).mean(), axis_name)
@@ -603,7 +600,6 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
         flatten = lambda x: x.reshape(-1, *x.shape[2:])  # (T, N, ...) -> (T * N, ...)
         batch = jax.tree.map(flatten, Batch(obs=traj.obs, action=traj.action, logits=traj.logits,
                                             value=traj.value, advantage=advantages, target=targets))
-        rollout_params = runner.params
         (params, opt_state), loss_metrics = jax.lax.scan(
             functools.partial(update_epoch, batch=batch), (runner.params, runner.opt_state),
             jax.random.split(epochs_key, args.update_epochs))
@@ -611,8 +607,8 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
 
         done = traj.terminated | traj.truncated
         # over epochs x minibatches, and devices: means, but the log-ratio's range and histogram
-        log_ratio_min, log_ratio_max, log_ratio_counts = (
-            loss_metrics.pop(name, None) for name in ("log_ratio_min", "log_ratio_max", "log_ratio_counts"))
+        log_ratio_min, log_ratio_max, log_ratio_counts, active_units = (loss_metrics.pop(name, None) for name in (
+            "log_ratio_min", "log_ratio_max", "log_ratio_counts", "active_units"))
         metrics = {name: mean_over_devices(value.mean(), axis_name) for name, value in loss_metrics.items()}
         metrics["learning_rate"] = optax.tree_utils.tree_get(  # the rate of the last update
             opt_state, "learning_rate", filtering=lambda _, value: isinstance(value, jax.Array))
@@ -625,7 +621,7 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
         metrics["finite"] = (jnp.isfinite(jax.flatten_util.ravel_pytree(params)[0]).all()
                              & jnp.all(jnp.stack([jnp.isfinite(v).all() for v in loss_metrics.values()])))
         if args.diagnostics:
-            metrics.update(training_diagnostics(rollout_params, batch, feature_network, axis_name))
+            metrics.update(training_diagnostics(batch, active_units.any(axis=(0, 1)), axis_name))
             metrics["log_ratio_min"] = -max_over_devices(-log_ratio_min.min(), axis_name)
             metrics["log_ratio_max"] = max_over_devices(log_ratio_max.max(), axis_name)
             metrics["histograms"]["log_ratio"] = histogram_summary(
@@ -655,15 +651,14 @@ def data_histogram(x: jax.Array, axis_name: str | None) -> dict[str, jax.Array]:
     return histogram_summary(jnp.histogram(x, edges)[0], edges, axis_name)
 
 
-def training_diagnostics(params: hk.Params, batch: Batch, feature_network: hk.Transformed,
-                         axis_name: str | None) -> dict:
+def training_diagnostics(batch: Batch, active_units: jax.Array, axis_name: str | None) -> dict:
     """What the rollout looked like to the network: scalars for the diagnostics/ tags and histograms.
 
-    The logit gap (largest minus smallest logit of a state) is what loss_stability.py sweeps; silent
-    units are torso features that are zero on every observation of the rollout.
+    The logit gap (largest minus smallest logit of a state) is what loss_stability.py sweeps. Silent
+    units are torso features that were zero on every observation of the iteration's minibatches
+    (`active_units` says which were not, from the loss's own forward passes).
     """
-    _, _, features = feature_network.apply(params, batch.obs)
-    ever_active = max_over_devices((features > 0).any(axis=0).astype(jnp.float32), axis_name)
+    ever_active = max_over_devices(active_units.astype(jnp.float32), axis_name)
     mean = mean_over_devices(batch.advantage.mean(), axis_name)
     variance = mean_over_devices(jnp.square(batch.advantage - mean).mean(), axis_name)
     num_actions = batch.logits.shape[-1]

@@ -401,32 +401,37 @@ def test_breakout_behaviour_reads_where_the_ball_was_lost():
     assert visualize.breakout_ball_lost(obs, np.array([False, True]))["bricks_left"].tolist() == [7]
 
 
+def test_loss_reports_which_torso_units_fired():
+    args, network, params, mb = loss_setup(hidden_sizes=(8, 4), activation="relu")
+    params["torso_0"]["b"] = params["torso_0"]["b"].at[:3].set(-100.0)  # three first-layer units never fire
+    _, metrics = ppo.ppo_loss(params, network, mb, args)
+    _, _, features = network.apply(params, mb.obs, return_features=True)
+    assert features.shape == (64, 12)  # 8 + 4 ReLU features
+    np.testing.assert_array_equal(metrics["active_units"], np.asarray(features > 0).any(0))
+    assert not np.asarray(metrics["active_units"])[:3].any()
+
+
 def test_training_diagnostics_against_numpy_on_one_and_two_devices():
     rng = np.random.default_rng(0)
-    n, hidden = 64, (8, 4)
-    network = ppo.make_network(3, hidden, "relu", return_features=True)
-    obs = jnp.asarray(rng.integers(0, 2, (n, 10, 10, 4)), jnp.float32)
-    params = network.init(jax.random.key(0), obs)
-    params["torso_0"]["b"] = params["torso_0"]["b"].at[:3].set(-100.0)  # three first-layer units never fire
-    batch = ppo.Batch(obs=obs, action=jnp.asarray(np.r_[np.zeros(32), np.ones(16), 2 * np.ones(16)], jnp.int32),
+    n = 64
+    batch = ppo.Batch(obs=jnp.zeros((n, 1)), action=jnp.asarray(np.r_[np.zeros(32), np.ones(16), 2 * np.ones(16)], jnp.int32),
                       logits=jnp.asarray(rng.normal(size=(n, 3)) * 5, jnp.float32),
                       value=jnp.asarray(rng.normal(size=n), jnp.float32),
                       advantage=jnp.asarray(rng.normal(loc=2.0, size=n), jnp.float32),
                       target=jnp.asarray(rng.normal(size=n), jnp.float32))
     b = jax.device_get(batch)
-    _, _, features = network.apply(params, obs)
+    # Units 0-3 fired on device 0's share, units 2-5 on device 1's; 6 and 7 on neither: 2 of 8 silent.
+    active = jnp.array([[1, 1, 1, 1, 0, 0, 0, 0], [0, 0, 1, 1, 1, 1, 0, 0]], bool)
     expected = {
         "logit_gap_max": (b.logits.max(1) - b.logits.min(1)).max(),
         "advantage_mean": b.advantage.mean(), "advantage_std": b.advantage.std(),
         "value_error": np.sqrt(np.mean((b.target - b.value) ** 2)),
-        "silent_units": 1 - np.asarray((features > 0).any(0)).mean(),
+        "silent_units": 2 / 8,
     }
-    assert expected["silent_units"] >= 3 / 12
-
-    single = jax.jit(lambda batch: ppo.training_diagnostics(params, batch, network, None))(batch)
+    single = jax.jit(lambda batch: ppo.training_diagnostics(batch, active.any(0), None))(batch)
     mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
-    parallel = jax.jit(jax.shard_map(lambda batch: ppo.training_diagnostics(params, batch, network, "data"),
-                                     mesh=mesh, in_specs=P("data"), out_specs=P(), check_vma=False))(batch)
+    parallel = jax.jit(jax.shard_map(lambda batch, active: ppo.training_diagnostics(batch, active[0], "data"),
+                                     mesh=mesh, in_specs=P("data"), out_specs=P(), check_vma=False))(batch, active)
     for result in (single, parallel):
         for name, value in expected.items():
             np.testing.assert_allclose(result[name], value, rtol=1e-5, err_msg=name)
