@@ -99,6 +99,9 @@ class Args:
     """the widths of the hidden layers of the torso that the policy and value heads share"""
     activation: Literal["crelu", "relu"] = "crelu"
     """the torso's activation: crelu passes [relu(x), relu(-x)] on, twice the layer's width"""
+    ratio: Literal["log", "direct"] = "log"
+    """how PPO's probability ratio is formed: log, exp(log pi - log pi_old) from log-softmaxes; or
+    direct, softmax probabilities divided as the paper writes it (see loss_stability.py)"""
     sticky_action_prob: float = 0.0
     """the probability that the game repeats its previous action instead of the chosen one, in
     training (MinAtar's protocol uses 0.1; the final evaluation always reports both 0 and 0.1)"""
@@ -448,16 +451,22 @@ def log_prob(logits: jax.Array, actions: jax.Array) -> jax.Array:
     return jnp.take_along_axis(jax.nn.log_softmax(logits), actions[..., None], axis=-1)[..., 0]
 
 
-def policy_loss(logits: jax.Array, old_logits: jax.Array, actions: jax.Array,
-                advantages: jax.Array, clip_coef: float) -> tuple[jax.Array, jax.Array]:
-    """PPO's clipped surrogate loss, with the probability ratio formed in log space.
+def policy_loss(logits: jax.Array, old_logits: jax.Array, actions: jax.Array, advantages: jax.Array,
+                clip_coef: float, ratio: str = "log") -> tuple[jax.Array, jax.Array]:
+    """PPO's clipped surrogate loss; returns (loss, log_ratio).
 
-    pi/pi_old as a division underflows to 0/0 once logits are large and negative; the difference of
-    log-softmaxes stays finite (see loss_stability.py). Returns (loss, log_ratio).
+    The ratio pi/pi_old is formed in log space by default: as a division of probabilities it turns
+    0/0 once logits are large and negative, while the difference of log-softmaxes stays finite (see
+    loss_stability.py). `ratio="direct"` divides the probabilities, for comparison.
     """
-    log_ratio = log_prob(logits, actions) - log_prob(old_logits, actions)
-    loss = rlax.clipped_surrogate_pg_loss(jnp.exp(log_ratio), advantages, clip_coef)
-    return loss, log_ratio
+    if ratio == "log":
+        log_ratio = log_prob(logits, actions) - log_prob(old_logits, actions)
+        prob_ratio = jnp.exp(log_ratio)
+    else:
+        pick = lambda p: jnp.take_along_axis(p, actions[..., None], axis=-1)[..., 0]  # noqa: E731
+        prob_ratio = pick(jax.nn.softmax(logits)) / pick(jax.nn.softmax(old_logits))
+        log_ratio = jnp.log(prob_ratio)
+    return rlax.clipped_surrogate_pg_loss(prob_ratio, advantages, clip_coef), log_ratio
 
 
 def value_loss(values: jax.Array, old_values: jax.Array, targets: jax.Array,
@@ -473,7 +482,7 @@ def value_loss(values: jax.Array, old_values: jax.Array, targets: jax.Array,
 def ppo_loss(params: hk.Params, network: hk.Transformed, mb: Batch,
              args: Args) -> tuple[jax.Array, dict[str, jax.Array]]:
     logits, values, features = network.apply(params, mb.obs, return_features=True)
-    pg_loss, log_ratio = policy_loss(logits, mb.logits, mb.action, mb.advantage, args.clip_coef)
+    pg_loss, log_ratio = policy_loss(logits, mb.logits, mb.action, mb.advantage, args.clip_coef, args.ratio)
     v_loss = value_loss(values, mb.value, mb.target, args.clip_coef, args.clip_vloss)
     entropy = -jnp.sum(jax.nn.softmax(logits) * jax.nn.log_softmax(logits), axis=-1).mean()
     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss

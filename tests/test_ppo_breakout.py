@@ -1,5 +1,6 @@
 """Tests of ppo_breakout.py: its pieces against references, and the script run the way a user runs it."""
 
+import dataclasses
 import functools
 import glob
 import json
@@ -206,6 +207,30 @@ def test_optimizer_clips_the_global_norm_and_anneals_the_learning_rate_to_zero()
     mu = optax.tree_utils.tree_get(state, "mu")
     np.testing.assert_allclose(mu["a"], np.array([3.0, 0.0, 4.0]) * 0.5 / norm * (1 - 0.9**20), rtol=1e-4)
     np.testing.assert_allclose(mu["b"], np.array([0.0, 0.1]) * 0.5 / norm * (1 - 0.9**20), rtol=1e-4)
+
+
+def test_direct_ratio_takes_the_same_step_where_both_are_finite():
+    # --ratio direct divides softmax probabilities (the paper's formula); on ordinary logits its
+    # minibatch step equals the log-space one, and its log_ratio is the same.
+    args, network, params, mb = loss_setup()
+    mb = mb._replace(logits=mb.logits + 0.3 * jax.random.normal(jax.random.key(7), mb.logits.shape))
+    optimizer = optax.sgd(1.0)
+    steps = {}
+    for ratio in ("log", "direct"):
+        ratio_args = dataclasses.replace(args, ratio=ratio)
+        (steps[ratio], _), metrics = ppo.update_minibatch((params, optimizer.init(params)), mb, network,
+                                                          optimizer, ratio_args)
+        assert 0 < metrics["clipfrac"] < 1  # both sides of the clip are exercised
+    for a, b in zip(jax.tree.leaves(steps["log"]), jax.tree.leaves(steps["direct"])):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    logits = network.apply(params, mb.obs)[0]
+    np.testing.assert_allclose(ppo.policy_loss(logits, mb.logits, mb.action, mb.advantage, 0.2, "direct")[1],
+                               ppo.policy_loss(logits, mb.logits, mb.action, mb.advantage, 0.2, "log")[1],
+                               rtol=1e-4, atol=1e-5)
+    # Where a probability underflows, the direct ratio is 0 / 0 and the log-space one is not.
+    far = jnp.array([[-200.0, 0.0, 0.0]])
+    assert np.isnan(ppo.policy_loss(far, far - 1.0, jnp.array([0]), jnp.array([1.0]), 0.2, "direct")[0])
+    assert np.isfinite(ppo.policy_loss(far, far - 1.0, jnp.array([0]), jnp.array([1.0]), 0.2, "log")[0])
 
 
 def test_value_loss_clipping_is_pessimistic():
