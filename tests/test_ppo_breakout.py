@@ -2,7 +2,9 @@
 
 import dataclasses
 import functools
+import contextlib
 import glob
+import io
 import json
 import os
 import signal
@@ -34,6 +36,32 @@ SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 def run_script(tmp_path, *flags, timeout=600):
     return subprocess.run([sys.executable, SCRIPT, *flags], cwd=tmp_path, capture_output=True,
                           text=True, timeout=timeout)
+
+
+class Finished(typing.NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_in_process(cwd, *flags) -> Finished:
+    """main() in this process, as `python ppo_breakout.py FLAGS` run in `cwd`: what the script does,
+    where a mutation-testing tool can see which test ran which function (it cannot in a subprocess)."""
+    out, err = io.StringIO(), io.StringIO()
+    old_cwd, old_argv = os.getcwd(), sys.argv
+    try:
+        os.chdir(cwd)
+        sys.argv = ["ppo_breakout.py", *flags]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                ppo.main()
+                code = 0
+            except SystemExit as exit_:
+                code = exit_.code or 0
+    finally:
+        os.chdir(old_cwd)
+        sys.argv = old_argv
+    return Finished(code, out.getvalue(), err.getvalue())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -576,7 +604,7 @@ def random_policy_return(env_id: str, episodes: int = 256) -> float:
 def test_short_breakout_run_learns_what_correct_code_reaches(tmp_path):
     # At 250k steps the correct code's sampled return was 13.0-16.7 over seeds 1-7 (docs/ppo_breakout.md,
     # "Tests"), and a rollout that stores v(next observation) scored 4.3-5.0: the bar sits between.
-    result = run_script(tmp_path, "--total-timesteps", "250000", "--eval-episodes", "64", "--no-save-model")
+    result = run_in_process(tmp_path, "--total-timesteps", "250000", "--eval-episodes", "64", "--no-save-model")
     assert result.returncode == 0, result.stderr
     summary = json.load(open(glob.glob(str(tmp_path / "runs" / "*" / "summary.json"))[0]))
     random_return = random_policy_return("Breakout-MinAtar")
@@ -624,7 +652,7 @@ def tiny_network_params(args: ppo.Args) -> hk.Params:
 def tiny_run(tmp_path_factory):
     """One tiny training run of the script, shared by the tests that read what it leaves."""
     path = tmp_path_factory.mktemp("tiny")
-    result = run_script(path, *TINY)
+    result = run_in_process(path, *TINY)
     assert result.returncode == 0, result.stderr
     return result, only_run_dir(path)
 
@@ -682,7 +710,7 @@ def test_script_logs_tensorboard_and_writes_summary(tiny_run):
 
 def test_same_seed_and_arguments_replay_the_run_bit_for_bit(tiny_run, tmp_path):
     _, first_dir = tiny_run
-    result = run_script(tmp_path, *TINY)
+    result = run_in_process(tmp_path, *TINY)
     assert result.returncode == 0, result.stderr
     second_dir = only_run_dir(tmp_path)
     first, second = read_scalars(first_dir), read_scalars(second_dir)
@@ -693,7 +721,7 @@ def test_same_seed_and_arguments_replay_the_run_bit_for_bit(tiny_run, tmp_path):
 
 def test_diagnostics_observe_training_without_changing_it(tiny_run, tmp_path):
     _, with_dir = tiny_run
-    result = run_script(tmp_path, *TINY, "--no-diagnostics")
+    result = run_in_process(tmp_path, *TINY, "--no-diagnostics")
     assert result.returncode == 0, result.stderr
     without_dir = only_run_dir(tmp_path)
     with_, without = read_scalars(with_dir), read_scalars(without_dir)
@@ -706,7 +734,7 @@ def test_diagnostics_observe_training_without_changing_it(tiny_run, tmp_path):
 def test_a_saved_model_evaluates_to_the_training_runs_own_evaluation(tiny_run, tmp_path):
     _, train_dir = tiny_run
     model = os.path.join(train_dir, "model.safetensors")
-    result = run_script(tmp_path, "--load-model", model, "--eval-episodes", "8", "--seed", "3",
+    result = run_in_process(tmp_path, "--load-model", model, "--eval-episodes", "8", "--seed", "3",
                         "--exp-name", "reloaded")
     assert result.returncode == 0, result.stderr
     summary = read_summary(only_run_dir(tmp_path))
@@ -865,7 +893,7 @@ def test_bad_input_from_the_command_line_exits_2_with_one_line(tmp_path):
 
 def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_finite_parameters(tmp_path):
     # Adam steps of size 1e30 overflow the network within the first iteration.
-    result = run_script(tmp_path, *TINY, "--learning-rate", "1e30", "--no-anneal-lr")
+    result = run_in_process(tmp_path, *TINY, "--learning-rate", "1e30", "--no-anneal-lr")
     assert result.returncode == 3
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: losses/") and "non-finite in iteration 1;" in line
