@@ -262,11 +262,14 @@ def test_direct_ratio_takes_the_same_step_where_both_are_finite():
 
 
 def test_value_loss_clipping_is_pessimistic():
-    targets, old = jnp.array([1.0, 1.0]), jnp.array([0.0, 0.0])
-    values = jnp.array([0.5, 2.0])  # the first moved more than the clip towards the target
-    assert np.isclose(ppo.value_loss(values, old, targets, 0.2, clip_vloss=False), 0.5 * (0.25 + 1.0) / 2)
-    # Clipped: max((0.5-1)^2, (0.2-1)^2) = 0.64; max((2-1)^2, (0.2-1)^2) = 1.
-    assert np.isclose(ppo.value_loss(values, old, targets, 0.2, clip_vloss=True), 0.5 * (0.64 + 1.0) / 2)
+    targets, old = jnp.array([1.0, 1.0, -1.0]), jnp.array([0.5, 0.5, 0.5])
+    values = jnp.array([0.8, 2.0, -0.5])  # within the clip; up past it; down past it towards the target
+    assert np.isclose(ppo.value_loss(values, old, targets, 0.2, clip_vloss=False),
+                      0.5 * (0.04 + 1.0 + 0.25) / 3)
+    # Clipped to old +- 0.2 = [0.3, 0.7]: max((0.8-1)^2, (0.7-1)^2) = 0.09; max(1, 0.09) = 1;
+    # max((-0.5+1)^2, (0.3+1)^2) = 1.69.
+    assert np.isclose(ppo.value_loss(values, old, targets, 0.2, clip_vloss=True),
+                      0.5 * (0.09 + 1.0 + 1.69) / 3)
 
 
 # ------------------------------------------------------------------------------------------------
