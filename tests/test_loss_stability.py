@@ -132,6 +132,34 @@ def test_reference_gradient_is_autodiff_of_log_space_float64():
     assert 0 < clipped_rows.sum() < len(grad)  # both branches of PPO's min are exercised
 
 
+def test_reference_is_exact_far_beyond_float64():
+    # An independent closed form at 100 digits: with logits (m, 0), p = e^m / (e^m + 1), so the ratio
+    # of action 0 is e^(m - m') (1 + e^m') / (1 + e^m). A reference at float64's ~16 digits fails here.
+    magnitudes = np.array([-700.5, -15.25, -0.75, 0.0, 3.125, 19.5, 650.0])
+    logits, old_logits = ls.sweep_inputs(magnitudes, 0.99, np.float64)
+    reference, _ = ls.reference_sweep(logits, old_logits, 0.2)
+    with mpmath.workdps(100):
+        for z, z_old, loss in zip(logits[:, 0, 0], old_logits[:, 0, 0], reference):
+            z, z_old = mpmath.mpf(float(z)), mpmath.mpf(float(z_old))
+            exact_ratio = mpmath.exp(z - z_old) * (1 + mpmath.exp(z_old)) / (1 + mpmath.exp(z))
+            clipped = min(max(exact_ratio, mpmath.mpf(0.8)), mpmath.mpf(1.2))
+            surrogate = [min(exact_ratio * a, clipped * a) for a in ls.ADVANTAGES]
+            exact_loss = -(surrogate[0] + surrogate[1]) / 2
+            assert abs(loss / exact_loss - 1) < mpmath.mpf("1e-40")
+
+
+def test_published_safe_zone_conclusions_hold_on_a_coarse_sweep():
+    # What the docs page concludes from sweep 2, on 401 points: no method is biased, and log space is
+    # the noisiest (cancellation), in both dtypes.
+    args = ls.Args(num_points=401)
+    magnitudes = np.linspace(-args.safe_logit, args.safe_logit, args.num_points)
+    for dtype in ls.DTYPES:
+        _, stats = ls.safe_sweep(args, magnitudes, dtype)
+        std = {method: s["std"] for method, s in stats.items()}
+        assert all(abs(s["mean"]) < 0.3 for s in stats.values()), stats
+        assert std["log-space"] > 2.5 * max(std["direct-naive"], std["direct-softmax"]), std
+
+
 def test_ulp_stats_tell_systematic_from_noisy():
     systematic = ls.ulp_error_stats(np.full(100, 2.0) + np.linspace(0, 0.1, 100))
     noisy = ls.ulp_error_stats(np.tile([1.0, -1.0], 50))
