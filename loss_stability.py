@@ -18,7 +18,7 @@ and holds each against a 50-digit mpmath reference, in float32 and in float64:
   sweep 2  the safe zone (small |m|): each method's error in ulps, with the mean, spread, sign and
            neighbour correlation that tell a systematic error from a noisy one, overall and per window.
 
-Run it (about 15 s on a 2-core CPU); figures, CSVs and summary.json land in --out-dir:
+Run it (about 8 s on a 2-core CPU); figures, CSVs and summary.json land in --out-dir:
 
     python loss_stability.py
     python loss_stability.py --out-dir docs/figures/loss_stability   # the copies the docs show

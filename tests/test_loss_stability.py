@@ -1,8 +1,11 @@
 """loss_stability.py: the four losses agree where they should and break where the float format says
 they must; the log-space losses are rlax's; the reference is exact far beyond float64 and its hand-derived
 gradient is autodiff's; the published conclusions hold; each figure draws each method under its own name;
-the script runs the way a user runs it and turns bad arguments away."""
+the docs page shows the committed numbers; the script runs the way a user runs it and turns bad
+arguments away."""
 
+import csv
+import dataclasses
 import json
 import math
 import os
@@ -20,6 +23,7 @@ import rlax
 import loss_stability as ls
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIGURE_DIR = os.path.join(REPO_ROOT, "docs", "figures", "loss_stability")
 FIGURES = ["gradient_sweep.png", "loss_sweep.png", "safe_zone_ulps.png"]
 OUTPUT_FILES = sorted(FIGURES + ["summary.json", "sweep_large.csv", "sweep_safe.csv"])
 
@@ -291,6 +295,120 @@ def test_safe_zone_figure_draws_each_method_in_its_own_panel():
         np.testing.assert_array_equal(steps[0][:-1], windows[name][method]["ulps"])
     assert_readable(fig)
     ls.plt.close(fig)
+
+
+def prose(x, fmt="g"):
+    """A number as the page's prose writes it: Unicode minus, no zero-padded exponent."""
+    return format(x, fmt).replace("e-0", "e-").replace("e+0", "e+").replace("-", "\u2212")
+
+
+def page_numbers(summary, large_rows):
+    """Every number the page's prose quotes, from the committed summary.json and sweep_large.csv."""
+    thresholds, ieee, safe = summary["thresholds"], summary["ieee_subnormals"], summary["safe_zone_ulp_error"]
+    windows_1, windows_2 = summary["windows"]["sweep 1"], summary["windows"]["sweep 2"]
+    soft32, soft64 = thresholds["float32"]["direct-softmax"], thresholds["float64"]["direct-softmax"]
+    naive32, naive64 = thresholds["float32"]["direct-naive"], thresholds["float64"]["direct-naive"]
+    largest = lambda name, method, q: prose(thresholds[name][method]["largest_finite_error"][q], ".2g")
+    direct = [safe[name][m] for name in safe for m in ("direct-naive", "direct-softmax")]
+    log_space = [safe[name]["log-space"] for name in safe]
+    paired = [safe[name]["log-space-paired"] for name in safe]
+    span = lambda stats, key, fmt: " to ".join(prose(f(s[key] for s in stats), fmt) for f in (min, max))
+    both = lambda stats, key, fmt: " and ".join(prose(s[key], fmt) for s in stats)
+    signs = lambda s: f"{s['share_positive']:.0%} / {s['share_negative']:.0%}".replace("%", "") + " %"
+    csv_at = lambda m, column: large_rows[m][column]
+    widest_direct = [max(safe[name][m]["std"] for m in ("direct-naive", "direct-softmax")) for name in safe]
+    smooth_above_12 = [  # windows from m = 12.5 on where a float32 error is smooth (correlation > 0.5)
+        c for per in windows_2["float32"].values() for c in per["ulps_neighbour_correlation"][13:] if c > 0.5
+    ]
+    return {
+        "WRONG_FROM_32": " / ".join(prose(m, "+.2f") for m in naive32["predicted"]["wrong_from"]),
+        "WRONG_FROM_64": " / ".join(prose(m, "+.2f") for m in naive64["predicted"]["wrong_from"]),
+        "NORMAL_32": prose(naive32["predicted"]["wrong_from"][1], ".2f"),
+        "OVERFLOW_64": prose(naive64["predicted"]["nonfinite"][1], ".2f"),
+        "IEEE_RATIO_32": prose(ieee["float32"]["ratio_wrong"][0]),
+        "IEEE_RATIO_64": prose(ieee["float64"]["ratio_wrong"][0]),
+        "IEEE_LOSS_32": prose(ieee["float32"]["loss_wrong"][0]),
+        "IEEE_NAN_32": prose(ieee["float32"]["loss_nonfinite"][0]),
+        "IEEE_NAN_64": prose(ieee["float64"]["loss_nonfinite"][0]),
+        "T32_WRONG": prose(soft32["loss_wrong"][0]), "T32_NAN": prose(soft32["loss_nonfinite"][0]),
+        "T64_NAN": prose(soft64["loss_nonfinite"][0]),
+        "N32_WRONG_POS": prose(naive32["loss_wrong"][1], "+g"),
+        "N32_NAN_POS": prose(naive32["loss_nonfinite"][1], "+g"),
+        "N64_WRONG_POS": prose(naive64["loss_wrong"][1], "+g"),
+        "N64_NAN_POS": prose(naive64["loss_nonfinite"][1], "+g"),
+        "G32_WRONG": prose(soft32["grad_wrong"][0]), "G32_NAN": prose(soft32["grad_nonfinite"][0]),
+        "G64_NAN": prose(soft64["grad_nonfinite"][0]),
+        "NG32_WRONG_POS": prose(naive32["grad_wrong"][1], "+g"),
+        "NG64_WRONG_POS": prose(naive64["grad_wrong"][1], "+g"),
+        "LOSS_88": csv_at(-88, "float32/direct-softmax/loss"), "REF_88": csv_at(-88, "float32/reference/loss"),
+        "ERR_88": prose(float(csv_at(-88, "float32/direct-softmax/loss_rel_error")), ".2g"),
+        "LOSS_709": csv_at(-709, "float64/direct-softmax/loss"), "REF_709": csv_at(-709, "float64/reference/loss"),
+        "ERR_709": prose(float(csv_at(-709, "float64/direct-softmax/loss_rel_error")), ".1e"),
+        "GERR_88": prose(float(csv_at(-88, "float32/direct-softmax/grad_error")), ".2g"),
+        "GERR_709": prose(float(csv_at(-709, "float64/direct-softmax/grad_error")), ".1e"),
+        "GERR_44": prose(float(csv_at(44, "float32/direct-naive/grad_error")), ".3g"),
+        "GERR_354": prose(float(csv_at(354, "float64/direct-naive/grad_error")), ".3g"),
+        "D_MEAN": span(direct, "mean", "+.2f").replace(" to ", " and "), "D_STD": span(direct, "std", ".2f"),
+        "D_MAX": span(direct, "max_abs", ".2f"), "D_CORR": span(direct, "neighbour_correlation", ".2f"),
+        "L_MEAN": both(log_space, "mean", "+.2f"), "L_STD": both(log_space, "std", ".2f"),
+        "L_MAX": both(log_space, "max_abs", ".2f"), "F32_LOG_MAX": prose(log_space[0]["max_abs"], ".2f"),
+        "L_SIGNS_32": signs(log_space[0]), "L_SIGNS_64": signs(log_space[1]),
+        "L_WIDER": " to ".join(f"{s['std'] / direct_std:.0f}" for s, direct_std in zip(log_space, widest_direct)),
+        "SMOOTH_POS": f"{min(smooth_above_12):.2f} to {max(smooth_above_12):.2f}",
+        "P_STD": both(paired, "std", ".2f"), "P_MAX": both(paired, "max_abs", ".2f"),
+        "P_NARROWER": " and ".join(f"{l['std'] / p['std']:.0f}" for l, p in zip(log_space, paired)),
+        "F64_LOG_W7": prose(windows_2["float64"]["log-space"]["ulps"][7], ".2f"),
+        "F64_LOG_W0": prose(windows_2["float64"]["log-space"]["ulps"][0], ".2f"),
+        **{f"F32_LOG_W{w}": prose(windows_2["float32"]["log-space"]["ulps"][w], ".2f") for w in (0, 1, 2, 4)},
+        "F32_LOG_C2": prose(windows_2["float32"]["log-space"]["ulps_neighbour_correlation"][2], ".2f"),
+        "F32_NAIVE_C1": prose(windows_2["float32"]["direct-naive"]["ulps_neighbour_correlation"][1], ".2f"),
+        "F32_SOFT_C1": prose(windows_2["float32"]["direct-softmax"]["ulps_neighbour_correlation"][1], ".2f"),
+        "F32_NAIVE_W1": prose(windows_2["float32"]["direct-naive"]["ulps"][1], ".2f"),
+        "F32_ABS_SPAN": span(list(safe["float32"].values()), "max_abs_loss_error", ".2g"),
+        "F64_LOG_ABS": prose(safe["float64"]["log-space"]["max_abs_loss_error"], ".2g"),
+        "F64_NAIVE_ABS": prose(safe["float64"]["direct-naive"]["max_abs_loss_error"], ".2g"),
+        "F64_SOFT_ABS": prose(safe["float64"]["direct-softmax"]["max_abs_loss_error"], ".2g"),
+        "R_LOG": f"{round(6e-14 / safe['float64']['log-space']['max_abs_loss_error'], -1):.0f}",
+        "R_DIRECT": f"{round(6e-14 / safe['float64']['direct-naive']['max_abs_loss_error'], -2):.0f}",
+        **{f"{p}_LOSS_{n[-2:]}": largest(n, m, "loss")
+           for p, m in (("P", "log-space-paired"), ("L", "log-space")) for n in ("float32", "float64")},
+        **{f"{p}_G8_{n[-2:]}": prose(windows_2[n][m]["grad"][8], ".2g")
+           for p, m in (("P", "log-space-paired"), ("L", "log-space")) for n in ("float32", "float64")},
+        "S_W6_64": prose(windows_1["float64"]["direct-softmax"]["loss"][6], ".2g"),
+        "P_W6_64": prose(windows_1["float64"]["log-space-paired"]["loss"][6], ".2g"),
+        "S_G10_64": prose(windows_1["float64"]["direct-softmax"]["grad"][10], ".2g"),
+        "P_G10_64": prose(windows_1["float64"]["log-space-paired"]["grad"][10], ".2g"),
+    }
+
+
+def large_csv_rows(path):
+    """sweep_large.csv as {m: {column: the CSV's text}}: the page quotes values as written there."""
+    with open(path) as f:
+        return {float(row["m"]): row for row in csv.DictReader(f)}
+
+
+def test_docs_page_shows_the_committed_summary():
+    # The tables on the page are what format_tables makes of the committed summary.json, character for
+    # character, and every number in the prose is the committed one, so a rerun that changes a number
+    # fails here until the page shows the new one.
+    with open(os.path.join(FIGURE_DIR, "summary.json")) as f:
+        summary = json.load(f)
+    with open(os.path.join(REPO_ROOT, "docs", "loss_stability.md")) as f:
+        page = f.read()
+    assert set(summary["thresholds"]["float32"]) == set(ls.METHODS)
+    assert summary["args"] == {**dataclasses.asdict(ls.Args()), "out_dir": "docs/figures/loss_stability"}
+    for table in ls.format_tables(summary):
+        assert table in page, table.splitlines()[0]
+    numbers = page_numbers(summary, large_csv_rows(os.path.join(FIGURE_DIR, "sweep_large.csv")))
+    for name, number in numbers.items():
+        assert number in page, (name, number)
+    # Claims the prose makes in words: all four gradients in [0, 2.5) under 1.3 eps; no smooth float64 window.
+    windows = summary["windows"]["sweep 2"]
+    for name, eps in [("float32", np.finfo(np.float32).eps), ("float64", np.finfo(np.float64).eps)]:
+        assert all(windows[name][m]["grad"][8] < 1.3 * eps for m in ("log-space", "log-space-paired"))
+        sweep_1 = summary["windows"]["sweep 1"]["float64"]  # where direct-softmax beats the paired form
+        assert max(sweep_1["log-space-paired"]["loss"][6], sweep_1["log-space-paired"]["grad"][10]) < eps
+    assert max(max(w["ulps_neighbour_correlation"]) for w in windows["float64"].values()) < 0.3
 
 
 def test_argument_problems_are_one_line():
