@@ -55,7 +55,7 @@ class Args:
     max_logit: float = 1000.0
     """sweep 1: most positive logit magnitude m"""
     num_points: int = 2001
-    """number of evenly spaced magnitudes in each sweep (sweep 1's default steps by 1)"""
+    """number of evenly spaced magnitudes in each sweep (sweep 1's default steps by 1); at least 65"""
     safe_logit: float = 20.0
     """sweep 2: the safe zone is m in [-safe_logit, safe_logit]"""
     old_logit_ratio: float = 0.99
@@ -75,6 +75,7 @@ ADVANTAGES = np.array([1.0, -2.0])
 DTYPES = (np.float32, np.float64)
 REFERENCE_DIGITS = 50
 NUM_WINDOWS = 16  # equal windows of m per sweep, for the per-window statistics
+MIN_POINTS = 4 * NUM_WINDOWS + 1  # per sweep: every window gets the points its statistics need
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -609,8 +610,8 @@ def argument_problem(args):
     """The first thing wrong with args as one line, or None. Runs before any work and any write."""
     if not -np.inf < args.min_logit < args.max_logit < np.inf:
         return f"--min-logit ({args.min_logit:g}) must be below --max-logit ({args.max_logit:g}), both finite"
-    if args.num_points < 2:
-        return f"--num-points must be at least 2, got {args.num_points}"
+    if args.num_points < MIN_POINTS:
+        return f"--num-points must be at least {MIN_POINTS} (4 per window), got {args.num_points}"
     must_be_positive = {
         "safe-logit": args.safe_logit,
         "old-logit-ratio": args.old_logit_ratio,

@@ -268,9 +268,20 @@ def test_sweep_figure_draws_each_method_in_its_own_panel():
         np.testing.assert_array_equal(lines["not finite"].get_xdata(), magnitudes[np.isinf(errors)])
         np.testing.assert_array_equal(lines["error below floor"].get_xdata(), magnitudes[errors == 0])
         assert {line.get_color() for line in lines.values() if line.get_label()[0] != "_"} == {ls.COLORS[method]}
+        # Non-finite and tiny errors sit inside their grey bands (axes fractions), not at error values.
+        bottom, top = sorted((p.get_y(), p.get_y() + p.get_height()) for p in ax.patches)
+        for label, (low, high) in [("not finite", top), ("error below floor", bottom)]:
+            assert lines[label].get_transform() is ax.get_xaxis_transform()
+            assert np.all((low < lines[label].get_ydata()) & (lines[label].get_ydata() < high)), label
+        assert ax.get_yscale() == "log" and ax.get_ylim()[0] < ls.ERROR_FLOOR and ax.get_ylim()[1] > 1
+        guides = [line for line in ax.get_lines() if line.get_label()[0] == "_"]
+        assert [tuple(g.get_ydata()) for g in guides if g.get_linestyle() == "--"] == [(1e-3, 1e-3)]
+        predicted = [m for m in thresholds[name][method]["predicted"]["nonfinite"] if m is not None]
+        assert [g.get_xdata()[0] for g in guides if g.get_linestyle() == ":"] == predicted
     legend_text = " ".join(t.get_text() for t in fig.legends[0].get_texts())
-    for meaning in ["not finite", "exactly 0", "wrong", "predicted"]:
+    for meaning in ["not finite", "exactly 0", "wrong: error > 0.001", "predicted", f"{ls.ERROR_FLOOR:g}"]:
         assert meaning in legend_text
+    assert fig.get_supylabel() == "error" and "logit magnitude m" in fig.axes[-1].get_xlabel()
     assert_readable(fig)
     ls.plt.close(fig)
 
@@ -291,8 +302,13 @@ def test_safe_zone_figure_draws_each_method_in_its_own_panel():
         line = lines_by_label(ax)["error"]
         np.testing.assert_array_equal(line.get_ydata(), curves[name][method]["ulp_error"])
         assert line.get_color() == ls.COLORS[method]
-        steps = [l.get_ydata() for l in ax.get_lines() if l.get_label() == "window max"]
-        np.testing.assert_array_equal(steps[0][:-1], windows[name][method]["ulps"])
+        steps = [l for l in ax.get_lines() if l.get_label() == "window max"]  # +/- the largest |error|
+        for step, sign in zip(steps, (1, -1)):
+            assert step.get_drawstyle() == "steps-post"  # each window's value from its left edge on
+            np.testing.assert_array_equal(step.get_xdata(), ls.window_edges(magnitudes))
+            np.testing.assert_array_equal(step.get_ydata()[:-1], sign * np.array(windows[name][method]["ulps"]))
+    assert "ulps" in fig.get_supylabel() and "logit magnitude m" in fig.axes[-1].get_xlabel()
+    assert "window of 2.5" in " ".join(t.get_text() for t in fig.legends[0].get_texts())
     assert_readable(fig)
     ls.plt.close(fig)
 
@@ -411,18 +427,25 @@ def test_docs_page_shows_the_committed_summary():
     assert max(max(w["ulps_neighbour_correlation"]) for w in windows["float64"].values()) < 0.3
 
 
-def test_argument_problems_are_one_line():
-    assert ls.argument_problem(ls.Args(out_dir="runs/does/not/exist/yet")) is None
-    for bad in [
-        ls.Args(min_logit=1.0, max_logit=-1.0),
-        ls.Args(num_points=1),
-        ls.Args(safe_logit=0.0),
-        ls.Args(old_logit_ratio=-1.0),
-        ls.Args(clip_epsilon=1.0),
-        ls.Args(wrong_tolerance=0.0),
+def test_argument_problems_name_the_flag_at_the_boundaries():
+    for good in [ls.Args(out_dir="runs/does/not/exist/yet"), ls.Args(num_points=ls.MIN_POINTS),
+                 ls.Args(min_logit=-1e300, max_logit=-1e299), ls.Args(clip_epsilon=0.999)]:
+        assert ls.argument_problem(good) is None, good
+    for bad, flag in [
+        (ls.Args(min_logit=1.0, max_logit=-1.0), "--min-logit"),
+        (ls.Args(min_logit=5.0, max_logit=5.0), "--min-logit"),
+        (ls.Args(min_logit=-np.inf), "--min-logit"),
+        (ls.Args(max_logit=np.inf), "--min-logit"),
+        (ls.Args(num_points=ls.MIN_POINTS - 1), "--num-points"),
+        (ls.Args(safe_logit=0.0), "--safe-logit"),
+        (ls.Args(safe_logit=np.inf), "--safe-logit"),
+        (ls.Args(old_logit_ratio=-1.0), "--old-logit-ratio"),
+        (ls.Args(wrong_tolerance=0.0), "--wrong-tolerance"),
+        (ls.Args(clip_epsilon=0.0), "--clip-epsilon"),
+        (ls.Args(clip_epsilon=1.0), "--clip-epsilon"),
     ]:
         problem = ls.argument_problem(bad)
-        assert problem and "\n" not in problem and problem.startswith("--")
+        assert problem and "\n" not in problem and problem.startswith(flag + " "), (bad, problem)
 
 
 def run_script(*flags):
@@ -430,22 +453,60 @@ def run_script(*flags):
     return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
 
 
-def test_script_runs_and_writes_its_files(tmp_path):
+def png_size(path):
+    """(width, height) from a PNG's header."""
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG")
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_main_writes_what_its_summary_says(tmp_path, monkeypatch, capsys):
+    # In-process (so that coverage and mutation tools see it), on the smallest grid the script accepts.
     out_dir = tmp_path / "out"
-    result = run_script("--out-dir", str(out_dir), "--num-points", "201")
+    monkeypatch.setattr(sys, "argv", ["loss_stability.py", "--out-dir", str(out_dir), "--num-points",
+                                      str(ls.MIN_POINTS)])
+    x64 = jax.config.jax_enable_x64
+    try:
+        ls.main()
+    finally:
+        jax.config.update("jax_enable_x64", x64)  # main() turns it on for the whole process
+    assert sorted(os.listdir(out_dir)) == OUTPUT_FILES and not ls.plt.get_fignums()
+    for figure in FIGURES:
+        assert png_size(out_dir / figure) == (1200, 1350)  # 12 x 13.5 inches at 100 dpi
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["args"]["num_points"] == ls.MIN_POINTS
+    assert capsys.readouterr().out.startswith("\n\n".join(ls.format_tables(summary)))
+
+    # The CSVs: one column per dtype, method and quantity, agreeing with what the summary reports.
+    with open(out_dir / "sweep_large.csv") as f:
+        large = list(csv.DictReader(f))
+    with open(out_dir / "sweep_safe.csv") as f:
+        safe = list(csv.DictReader(f))
+    assert len(large) == len(safe) == ls.MIN_POINTS
+    np.testing.assert_allclose([float(r["m"]) for r in large], np.linspace(-1000, 1000, ls.MIN_POINTS))
+    np.testing.assert_allclose([float(r["m"]) for r in safe], np.linspace(-20, 20, ls.MIN_POINTS))
+    quantities = {"loss", "loss_rel_error", "grad_error"}
+    assert set(large[0]) == {"m"} | {f"{name}/reference/loss" for name in ("float32", "float64")} | {
+        f"{name}/{method}/{q}" for name in ("float32", "float64") for method in ls.METHODS for q in quantities
+    }
+    for name in ("float32", "float64"):
+        for method in ls.METHODS:
+            column = lambda rows, q: np.array([float(r[f"{name}/{method}/{q}"]) for r in rows])
+            for q, key in [("loss_rel_error", "loss"), ("grad_error", "grad")]:
+                errors = column(large, q)
+                largest = summary["thresholds"][name][method]["largest_finite_error"][key]
+                np.testing.assert_allclose(errors[np.isfinite(errors)].max(), largest, rtol=1e-5)
+            stats = summary["safe_zone_ulp_error"][name][method]
+            np.testing.assert_allclose(np.abs(column(safe, "ulp_error")).max(), stats["max_abs"], rtol=1e-5)
+            np.testing.assert_allclose(column(safe, "grad_error").max(), stats["max_grad_error"], rtol=1e-5)
+
+
+def test_script_runs_from_the_shell(tmp_path):
+    out_dir = tmp_path / "out"
+    result = run_script("--out-dir", str(out_dir), "--num-points", str(ls.MIN_POINTS))
     assert result.returncode == 0, result.stderr
     assert sorted(os.listdir(out_dir)) == OUTPUT_FILES
-    for figure in FIGURES:
-        data = (out_dir / figure).read_bytes()
-        assert data.startswith(b"\x89PNG") and 10_000 < len(data) < 200_000
     summary = json.loads((out_dir / "summary.json").read_text())
-    assert summary["args"]["num_points"] == 201
-    for per_method in summary["thresholds"].values():
-        assert all(t["matches_prediction"] for t in per_method.values())
-        assert per_method["log-space"]["loss_nonfinite"] == [None, None]
-    assert set(summary["safe_zone_ulp_error"]["float32"]) == set(ls.METHODS)
-    assert len((out_dir / "sweep_large.csv").read_text().splitlines()) == 1 + 201
-    assert len((out_dir / "sweep_safe.csv").read_text().splitlines()) == 1 + 201
     assert result.stdout.startswith("\n\n".join(ls.format_tables(summary)))
 
 
@@ -453,7 +514,7 @@ def test_script_runs_and_writes_its_files(tmp_path):
     "flags, message",
     [
         (["--min-logit", "5", "--max-logit", "5"], "must be below --max-logit"),
-        (["--num-points", "0"], "--num-points must be at least 2"),
+        (["--num-points", "0"], "--num-points must be at least 65"),
         (["--out-dir", "{blocker}/figures"], "is a file, not a directory"),
     ],
 )
