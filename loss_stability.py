@@ -632,19 +632,8 @@ def argument_problem(args):
     return None
 
 
-def main():
-    args = tyro.cli(Args)
-    problem = argument_problem(args)
-    if problem is None:
-        try:
-            os.makedirs(args.out_dir, exist_ok=True)
-        except OSError as error:
-            problem = f"--out-dir {args.out_dir}: {error.strerror}"
-    if problem is not None:
-        print(f"error: {problem}", file=sys.stderr)
-        sys.exit(2)
-    jax.config.update("jax_enable_x64", True)  # float64 next to float32: every array is cast explicitly
-
+def run_study(args):
+    """Both sweeps in both dtypes; writes the figures, CSVs and summary.json, prints the tables."""
     magnitudes = np.linspace(args.min_logit, args.max_logit, args.num_points)
     # Same number of points in both sweeps: same array shapes, so each method compiles once per dtype.
     safe_magnitudes = np.linspace(-args.safe_logit, args.safe_logit, args.num_points)
@@ -685,6 +674,22 @@ def main():
     print("\n\n".join(format_tables(summary)))
     print(f"\nwrote loss_sweep.png, gradient_sweep.png, safe_zone_ulps.png, sweep_large.csv, sweep_safe.csv, "
           f"summary.json to {args.out_dir}")
+
+
+def main():
+    args = tyro.cli(Args)
+    problem = argument_problem(args)
+    if problem is None:
+        try:
+            os.makedirs(args.out_dir, exist_ok=True)
+        except OSError as error:
+            problem = f"--out-dir {args.out_dir}: {error.strerror}"
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    with jax.enable_x64(True):  # float64 next to float32 for this run only; every array is cast explicitly
+        run_study(args)
+
 
 if __name__ == "__main__":
     main()

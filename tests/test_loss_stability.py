@@ -14,6 +14,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import matplotlib.colors
 import matplotlib.text
 import mpmath
 import numpy as np
@@ -230,14 +231,15 @@ def test_published_safe_zone_conclusions_hold_on_a_coarse_sweep():
         assert all(p <= l for p, l in zip(paired, log_space))
 
 
-def synthetic_curves(magnitudes, key):
-    """Per dtype and method an error curve no other has (a distinct level), with exact zeros and infs."""
+def synthetic_curves(magnitudes, key, names=("float32", "float64")):
+    """Per dtype and method an error curve no other has (a distinct level), with exact zeros, infs, an
+    error right at the floor and one below it."""
     curves = {}
-    for d, name in enumerate(["float32", "float64"]):
+    for d, name in enumerate(names):
         curves[name] = {}
         for i, method in enumerate(ls.METHODS):
             errors = np.full(len(magnitudes), 10.0 ** -(3 + 4 * i + d))
-            errors[i::7], errors[(i + 3)::11] = 0.0, np.inf
+            errors[i::7], errors[(i + 3)::11], errors[5], errors[6] = 0.0, np.inf, ls.ERROR_FLOOR, 1e-30
             curves[name][method] = {key: errors}
     return curves
 
@@ -247,9 +249,15 @@ def lines_by_label(ax):
 
 
 def assert_readable(fig):
+    # 12 pt, not just 10: the PNGs are 1200 px wide and the docs page shows them scaled down.
     texts = [t for t in fig.findobj(matplotlib.text.Text) if t.get_text()]
-    small = [(t.get_text(), t.get_fontsize()) for t in texts if t.get_fontsize() < 10]
+    small = [(t.get_text(), t.get_fontsize()) for t in texts if t.get_fontsize() < 12]
     assert not small, small
+
+
+def axes_fraction(ax, y):
+    """Where the error value y sits on the panel's height, 0 at the bottom and 1 at the top."""
+    return ax.transAxes.inverted().transform(ax.transData.transform((0, y)))[1]
 
 
 def test_sweep_figure_draws_each_method_in_its_own_panel():
@@ -259,22 +267,37 @@ def test_sweep_figure_draws_each_method_in_its_own_panel():
                   for name in curves}
     fig = ls.large_sweep_figure(magnitudes, curves, thresholds, "loss_rel_error", "error", 1e-3)
     assert len(fig.axes) == 2 * len(ls.METHODS)
+    legend = dict(zip(["error", "error below floor", "not finite", "wrong", "predicted"],
+                      fig.legends[0].legend_handles))
     for ax in fig.axes:
         method, name = ax.get_title().split(", ")
         errors, lines = curves[name][method]["loss_rel_error"], lines_by_label(ax)
-        shown = np.isfinite(errors) & (errors > 0)
+        shown = np.isfinite(errors) & (errors >= ls.ERROR_FLOOR)
         np.testing.assert_array_equal(lines["error"].get_xdata(), magnitudes[shown])
         np.testing.assert_array_equal(lines["error"].get_ydata(), errors[shown])
         np.testing.assert_array_equal(lines["not finite"].get_xdata(), magnitudes[np.isinf(errors)])
-        np.testing.assert_array_equal(lines["error below floor"].get_xdata(), magnitudes[errors == 0])
+        np.testing.assert_array_equal(lines["error below floor"].get_xdata(), magnitudes[errors < ls.ERROR_FLOOR])
         assert {line.get_color() for line in lines.values() if line.get_label()[0] != "_"} == {ls.COLORS[method]}
-        # Non-finite and tiny errors sit inside their grey bands (axes fractions), not at error values.
-        bottom, top = sorted((p.get_y(), p.get_y() + p.get_height()) for p in ax.patches)
-        for label, (low, high) in [("not finite", top), ("error below floor", bottom)]:
+        for label in ["error", "error below floor", "not finite"]:  # drawn as the legend says
+            assert lines[label].get_marker() == legend[label].get_marker(), label
+            assert lines[label].get_linestyle() == legend[label].get_linestyle() == "None", label
+        # Non-finite and tiny errors sit inside grey bands across the panel (axes fractions), clear of
+        # every error value from the floor up to 1.
+        bottom, top = sorted(ax.patches, key=lambda p: p.get_y())
+        assert all(p.get_data_transform() is ax.transAxes and (p.get_x(), p.get_width()) == (0, 1)
+                   for p in (bottom, top))
+        assert bottom.get_y() == 0 and bottom.get_height() < axes_fraction(ax, ls.ERROR_FLOOR)
+        assert top.get_y() > axes_fraction(ax, 1.0) and top.get_y() + top.get_height() == 1
+        for label, band in [("not finite", top), ("error below floor", bottom)]:
             assert lines[label].get_transform() is ax.get_xaxis_transform()
-            assert np.all((low < lines[label].get_ydata()) & (lines[label].get_ydata() < high)), label
+            y = lines[label].get_ydata()
+            assert np.all((band.get_y() < y) & (y < band.get_y() + band.get_height())), label
         assert ax.get_yscale() == "log" and ax.get_ylim()[0] < ls.ERROR_FLOOR and ax.get_ylim()[1] > 1
         guides = [line for line in ax.get_lines() if line.get_label()[0] == "_"]
+        for label, style in [("wrong", "--"), ("predicted", ":")]:
+            for guide in [g for g in guides if g.get_linestyle() == style]:
+                assert guide.get_linestyle() == legend[label].get_linestyle()
+                assert matplotlib.colors.same_color(guide.get_color(), legend[label].get_color()), label
         assert [tuple(g.get_ydata()) for g in guides if g.get_linestyle() == "--"] == [(1e-3, 1e-3)]
         predicted = [m for m in thresholds[name][method]["predicted"]["nonfinite"] if m is not None]
         assert [g.get_xdata()[0] for g in guides if g.get_linestyle() == ":"] == predicted
@@ -283,6 +306,10 @@ def test_sweep_figure_draws_each_method_in_its_own_panel():
         assert meaning in legend_text
     assert fig.get_supylabel() == "error" and "logit magnitude m" in fig.axes[-1].get_xlabel()
     assert_readable(fig)
+    ls.plt.close(fig)
+    one_dtype = {"float64": curves["float64"]}
+    fig = ls.large_sweep_figure(magnitudes, one_dtype, thresholds, "loss_rel_error", "error", 1e-3)
+    assert [ax.get_title() for ax in fig.axes] == [f"{m}, float64" for m in ls.METHODS]
     ls.plt.close(fig)
 
 
@@ -295,6 +322,7 @@ def test_safe_zone_figure_draws_each_method_in_its_own_panel():
                       for m, c in per.items()} for name, per in curves.items()}
     fig = ls.safe_zone_figure(magnitudes, curves, stats, windows)
     assert len(fig.axes) == 2 * len(ls.METHODS)
+    dot, step_line = fig.legends[0].legend_handles
     for ax in fig.axes:
         method, rest = ax.get_title().split(", ", 1)
         name = rest.split(":")[0]
@@ -302,7 +330,10 @@ def test_safe_zone_figure_draws_each_method_in_its_own_panel():
         line = lines_by_label(ax)["error"]
         np.testing.assert_array_equal(line.get_ydata(), curves[name][method]["ulp_error"])
         assert line.get_color() == ls.COLORS[method]
+        assert line.get_marker() == dot.get_marker() and line.get_linestyle() == dot.get_linestyle() == "None"
         steps = [l for l in ax.get_lines() if l.get_label() == "window max"]  # +/- the largest |error|
+        assert len(steps) == 2 and all(matplotlib.colors.same_color(s.get_color(), step_line.get_color())
+                                       and s.get_linestyle() == step_line.get_linestyle() for s in steps)
         for step, sign in zip(steps, (1, -1)):
             assert step.get_drawstyle() == "steps-post"  # each window's value from its left edge on
             np.testing.assert_array_equal(step.get_xdata(), ls.window_edges(magnitudes))
@@ -310,6 +341,9 @@ def test_safe_zone_figure_draws_each_method_in_its_own_panel():
     assert "ulps" in fig.get_supylabel() and "logit magnitude m" in fig.axes[-1].get_xlabel()
     assert "window of 2.5" in " ".join(t.get_text() for t in fig.legends[0].get_texts())
     assert_readable(fig)
+    ls.plt.close(fig)
+    fig = ls.safe_zone_figure(magnitudes, {"float32": curves["float32"]}, stats, windows)
+    assert [ax.get_title().split(":")[0] for ax in fig.axes] == [f"{m}, float32" for m in ls.METHODS]
     ls.plt.close(fig)
 
 
@@ -463,13 +497,11 @@ def png_size(path):
 def test_main_writes_what_its_summary_says(tmp_path, monkeypatch, capsys):
     # In-process (so that coverage and mutation tools see it), on the smallest grid the script accepts.
     out_dir = tmp_path / "out"
+    out_dir.mkdir()  # rerunning into an existing directory is how the docs' copies are regenerated
     monkeypatch.setattr(sys, "argv", ["loss_stability.py", "--out-dir", str(out_dir), "--num-points",
                                       str(ls.MIN_POINTS)])
-    x64 = jax.config.jax_enable_x64
-    try:
+    with jax.enable_x64(False):  # as a user's process starts: main() must turn float64 on itself
         ls.main()
-    finally:
-        jax.config.update("jax_enable_x64", x64)  # main() turns it on for the whole process
     assert sorted(os.listdir(out_dir)) == OUTPUT_FILES and not ls.plt.get_fignums()
     for figure in FIGURES:
         assert png_size(out_dir / figure) == (1200, 1350)  # 12 x 13.5 inches at 100 dpi
@@ -477,12 +509,29 @@ def test_main_writes_what_its_summary_says(tmp_path, monkeypatch, capsys):
     assert summary["args"]["num_points"] == ls.MIN_POINTS
     assert capsys.readouterr().out.startswith("\n\n".join(ls.format_tables(summary)))
 
+    # The summary: each dtype computed in its own precision, checked against its own float format.
+    for dtype in ls.DTYPES:
+        name = np.dtype(dtype).name
+        assert summary["exp_flushes_subnormals"][name] == ls.exp_flushes_subnormals(dtype)
+        predicted = ls.predicted_breaks(dtype, 0.99, ls.exp_flushes_subnormals(dtype))
+        for method, t in summary["thresholds"][name].items():
+            assert t["matches_prediction"] and t["predicted"] == json.loads(json.dumps(predicted[method]))
+        safe = summary["safe_zone_ulp_error"][name]
+        errors = [s["max_abs_loss_error"] for s in safe.values()]
+        assert (1e-9 < min(errors) and max(errors) < 1e-5) if name == "float32" else max(errors) < 1e-13
+        assert set(summary["log_space_paired_not_worse"][name]) == {
+            "sweep 1 loss", "sweep 1 gradient", "sweep 2 loss (ulps)", "sweep 2 gradient"
+        }
+    for sweep, (low, high) in [("sweep 1", (-1000, 1000)), ("sweep 2", (-20, 20))]:
+        assert summary["windows"][sweep]["edges"] == np.linspace(low, high, ls.NUM_WINDOWS + 1).tolist()
+
     # The CSVs: one column per dtype, method and quantity, agreeing with what the summary reports.
     with open(out_dir / "sweep_large.csv") as f:
         large = list(csv.DictReader(f))
     with open(out_dir / "sweep_safe.csv") as f:
         safe = list(csv.DictReader(f))
     assert len(large) == len(safe) == ls.MIN_POINTS
+    assert all(v == "%.6g" % float(v) for row in large + safe for v in row.values())  # 6 digits, "nan", "inf"
     np.testing.assert_allclose([float(r["m"]) for r in large], np.linspace(-1000, 1000, ls.MIN_POINTS))
     np.testing.assert_allclose([float(r["m"]) for r in safe], np.linspace(-20, 20, ls.MIN_POINTS))
     quantities = {"loss", "loss_rel_error", "grad_error"}
@@ -516,12 +565,13 @@ def test_script_runs_from_the_shell(tmp_path):
         (["--min-logit", "5", "--max-logit", "5"], "must be below --max-logit"),
         (["--num-points", "0"], "--num-points must be at least 65"),
         (["--out-dir", "{blocker}/figures"], "is a file, not a directory"),
+        (["--out-dir", "{tmp}/" + "x" * 300], "File name too long"),  # passes the checks, fails makedirs
     ],
 )
 def test_bad_args_exit_2_with_one_error_line_and_write_nothing(tmp_path, monkeypatch, capsys, flags, message):
     blocker = tmp_path / "blocker"
     blocker.write_text("a regular file where a directory would have to be")
-    flags = [flag.format(blocker=blocker) for flag in flags]
+    flags = [flag.format(blocker=blocker, tmp=tmp_path) for flag in flags]
     if "--out-dir" not in flags:
         flags += ["--out-dir", str(tmp_path / "out")]
     monkeypatch.setattr(sys, "argv", ["loss_stability.py", *flags])
