@@ -1,21 +1,24 @@
-"""Why PPO computes its ratio in log space: the same clipped loss three ways, pushed until it breaks.
+"""Why PPO computes its ratio in log space: the same clipped loss four ways, pushed until it breaks.
 
 The PPO paper writes the ratio as p / p_old; implementations compute exp(log p - log p_old) from
-`log_softmax`. This script computes the same clipped PPO loss for the same inputs three ways,
+`log_softmax`. This script computes the same clipped PPO loss for the same inputs four ways,
 
-  (a) direct-naive:   p = exp(z) / sum(exp(z)),            ratio = p / p_old   (the paper, as written)
-  (b) direct-softmax: p = jax.nn.softmax(z) (max removed), ratio = p / p_old   (overflow fixed)
-  (c) log-space:      logp = jax.nn.log_softmax(z),        ratio = exp(logp - logp_old)
+  (a) direct-naive:     p = exp(z) / sum(exp(z)),            ratio = p / p_old   (the paper, as written)
+  (b) direct-softmax:   p = jax.nn.softmax(z) (max removed), ratio = p / p_old   (overflow fixed)
+  (c) log-space:        logp = jax.nn.log_softmax(z),        ratio = exp(logp - logp_old)
+  (d) log-space-paired: log ratio = (z_a - z'_a) - (max z - max z') - (log1p(rest) - log1p(rest')),
+                        each new term minus its old twin first   (log space without the cancellation)
 
 and holds each against a 50-digit mpmath reference, in float32 and in float64:
 
   sweep 1  logits (m, 0) and old logits k * (m, 0) for m far into the hundreds, both signs: the first m
            at which the loss and its gradient turn wrong or non-finite, next to where the float format
-           alone says the direct methods must break (an independent check);
+           alone says the direct methods must break (an independent check), and the direct ratio once
+           more in numpy, whose exp keeps subnormals where XLA flushes them to zero;
   sweep 2  the safe zone (small |m|): each method's error in ulps, with the mean, spread, sign and
-           neighbour correlation that tell a systematic error from a noisy one.
+           neighbour correlation that tell a systematic error from a noisy one, overall and per window.
 
-Run it (about 15 s on a 2-core CPU); figures, CSVs and summary.json land in --out-dir:
+Run it (about 8 s on a 2-core CPU); figures, CSVs and summary.json land in --out-dir:
 
     python loss_stability.py
     python loss_stability.py --out-dir docs/figures/loss_stability   # the copies the docs show
@@ -36,6 +39,8 @@ import matplotlib
 
 matplotlib.use("Agg")  # write files, never open a window
 import matplotlib.pyplot as plt
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
 import mpmath
 import numpy as np
 import tyro
@@ -50,7 +55,7 @@ class Args:
     max_logit: float = 1000.0
     """sweep 1: most positive logit magnitude m"""
     num_points: int = 2001
-    """number of evenly spaced magnitudes in each sweep (sweep 1's default steps by 1)"""
+    """number of evenly spaced magnitudes in each sweep (sweep 1's default steps by 1); at least 65"""
     safe_logit: float = 20.0
     """sweep 2: the safe zone is m in [-safe_logit, safe_logit]"""
     old_logit_ratio: float = 0.99
@@ -69,6 +74,8 @@ ACTIONS = np.array([0, 0])
 ADVANTAGES = np.array([1.0, -2.0])
 DTYPES = (np.float32, np.float64)
 REFERENCE_DIGITS = 50
+NUM_WINDOWS = 16  # equal windows of m per sweep, for the per-window statistics
+MIN_POINTS = 4 * NUM_WINDOWS + 1  # per sweep: every window gets the points its statistics need
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -109,10 +116,34 @@ def loss_log_space(logits, old_logits, actions, advantages, clip_epsilon):
     return clipped_surrogate_loss(ratio, advantages, clip_epsilon)
 
 
+def log_normaliser_parts(logits):
+    """logsumexp(z) = max(z) + log1p(sum of exp(z_j - max) over j other than the max), as its two parts.
+
+    log1p of the small rest keeps digits that log(1 + rest) rounds away. The max keeps its gradient:
+    the parts add up to logsumexp only with it.
+    """
+    top = jnp.argmax(logits, axis=-1)
+    top_logit = at_actions(logits, top)
+    is_top = jnp.arange(logits.shape[-1]) == top[..., None]
+    rest = jnp.sum(jnp.where(is_top, 0, jnp.exp(logits - top_logit[..., None])), axis=-1)
+    return top_logit, jnp.log1p(rest)
+
+
+def loss_log_space_paired(logits, old_logits, actions, advantages, clip_epsilon):
+    """(d) Log space without the cancellation: log ratio = (z_a - z'_a) - (lse(z) - lse(z')), with each
+    new term minus its old twin taken first, so that no logit-sized number is subtracted at the end."""
+    (top, log_rest), (old_top, old_log_rest) = log_normaliser_parts(logits), log_normaliser_parts(old_logits)
+    log_ratio = (at_actions(logits, actions) - at_actions(old_logits, actions)) - (top - old_top) - (
+        log_rest - old_log_rest
+    )
+    return clipped_surrogate_loss(jnp.exp(log_ratio), advantages, clip_epsilon)
+
+
 METHODS = {
     "direct-naive": loss_direct_naive,
     "direct-softmax": loss_direct_softmax,
     "log-space": loss_log_space,
+    "log-space-paired": loss_log_space_paired,
 }
 
 
@@ -142,42 +173,49 @@ def loss_and_grad_sweep(logits, old_logits, method, clip_epsilon):
 #   only where the unclipped term r A is the smaller one; clip is flat outside [1 - eps, 1 + eps].
 # ---------------------------------------------------------------------------------------------------
 def reference_loss_and_grad(logits, old_logits, actions, advantages, clip_low, clip_high):
-    """Loss (an mpf) and its gradient w.r.t. logits (float64) for one batch, at REFERENCE_DIGITS digits."""
+    """Loss (an mpf), its gradient w.r.t. logits (float64) and the ratios (mpf) for one batch, at
+    REFERENCE_DIGITS digits."""
     batch_size = len(actions)
-    grad = np.zeros(np.shape(logits))
+    grad, ratios = np.zeros(np.shape(logits)), []
     with mpmath.workdps(REFERENCE_DIGITS):
         loss = mpmath.mpf(0)
         for i, (action, advantage) in enumerate(zip(actions, advantages)):
             z, z_old = ([mpmath.mpf(float(v)) for v in row] for row in (logits[i], old_logits[i]))
             log_norm, log_norm_old = (mpmath.log(mpmath.fsum(map(mpmath.exp, row))) for row in (z, z_old))
             ratio = mpmath.exp((z[action] - log_norm) - (z_old[action] - log_norm_old))
+            ratios.append(ratio)
             clipped_ratio = min(max(ratio, clip_low), clip_high)
             loss -= min(ratio * advantage, clipped_ratio * advantage) / batch_size
             if ratio * advantage <= clipped_ratio * advantage:
                 for j, z_j in enumerate(z):
                     p_j = mpmath.exp(z_j - log_norm)
                     grad[i, j] = float(-advantage / batch_size * ratio * ((j == action) - p_j))
-    return loss, grad
+    return loss, grad, ratios
 
 
 def reference_sweep(logits, old_logits, clip_epsilon):
-    """Reference losses (mpf) and gradients (float64) at every sweep point, for inputs of one dtype."""
+    """Reference losses (mpf), gradients (float64) and ratios (mpf, one row per point) at every sweep
+    point, for inputs of one dtype."""
     # The clip bounds as the float computation sees them: 1 -/+ eps rounded to the working dtype.
     clip_low, clip_high = (mpmath.mpf(float(logits.dtype.type(1 + s * clip_epsilon))) for s in (-1, 1))
     results = [
         reference_loss_and_grad(z, z_old, ACTIONS, ADVANTAGES, clip_low, clip_high)
         for z, z_old in zip(logits, old_logits)
     ]
-    return [loss for loss, _ in results], np.stack([grad for _, grad in results])
+    losses, grads, ratios = zip(*results)
+    return list(losses), np.stack(grads), list(ratios)
 
 
-def loss_relative_errors(losses, reference, dtype):
-    """|loss - ref| / |ref| per point, from 50 digits; inf where the loss is not finite."""
+def relative_errors(values, reference, dtype):
+    """|x - ref| / |ref| per entry, from 50 digits; inf where x is not finite. Shapes: [n] or [n, batch]."""
     floor = mpmath.mpf(float(np.finfo(dtype).tiny))  # no float of this dtype holds a smaller reference
-    return np.array([
+    values = np.asarray(values)
+    flat_reference = np.ravel(np.array(reference, dtype=object))
+    errors = [
         float(abs(mpmath.mpf(float(x)) - ref) / max(abs(ref), floor)) if np.isfinite(x) else np.inf
-        for x, ref in zip(losses, reference)
-    ])
+        for x, ref in zip(values.ravel(), flat_reference)
+    ]
+    return np.array(errors).reshape(values.shape)
 
 
 def gradient_errors(grads, reference_grads):
@@ -216,6 +254,32 @@ def ulp_error_stats(ulps):
     }
 
 
+def window_edges(magnitudes):
+    """NUM_WINDOWS equal windows of m across a sweep: where a method is worst, not only how bad overall."""
+    return np.linspace(magnitudes[0], magnitudes[-1], NUM_WINDOWS + 1)
+
+
+def per_window(magnitudes, values, reduce):
+    """reduce(values of the points in each window [lo, hi)); the sweep's last point joins the last window."""
+    window = np.searchsorted(window_edges(magnitudes), magnitudes, side="right") - 1
+    window = np.minimum(window, NUM_WINDOWS - 1)
+    return [float(reduce(values[window == w])) for w in range(NUM_WINDOWS)]
+
+
+def window_maxima(magnitudes, errors):
+    """The largest |error| in each window; None where the window holds a non-finite result (JSON has no inf)."""
+    return [None if np.isinf(x) else x for x in per_window(magnitudes, np.abs(errors), np.max)]
+
+
+def windows_not_worse(windows, key, method="log-space-paired"):
+    """Per other method: in how many windows `method`'s largest error (windows[m][key]) is no larger."""
+    largest = lambda m: [np.inf if x is None else x for x in windows[m][key]]
+    return {
+        other: sum(ours <= theirs for ours, theirs in zip(largest(method), largest(other)))
+        for other in METHODS if other != method
+    }
+
+
 # ---------------------------------------------------------------------------------------------------
 # Thresholds, and the independent check: where the float format alone says each method must break.
 # ---------------------------------------------------------------------------------------------------
@@ -250,10 +314,12 @@ def predicted_breaks(dtype, old_logit_ratio, flushes_subnormals):
     naive_wrong_from = min(-log_normal / max(k, 1), naive_nonfinite)
     log_space_nonfinite = log_overflow / (1 - k) if k > 1 else None
     sides = lambda negative, positive: tuple(None if m is None else float(m) for m in (negative, positive))
+    log_space = (sides(log_space_nonfinite, None), sides(log_space_nonfinite, None))
     wrong_from_and_nonfinite = {  # per method: (negative side, positive side) for each
         "direct-naive": (sides(first_p_leaves_normal, naive_wrong_from), sides(old_p_is_zero, naive_nonfinite)),
         "direct-softmax": (sides(first_p_leaves_normal, None), sides(old_p_is_zero, None)),
-        "log-space": (sides(log_space_nonfinite, None), sides(log_space_nonfinite, None)),
+        "log-space": log_space,
+        "log-space-paired": log_space,
     }
     return {m: {"wrong_from": w, "nonfinite": n} for m, (w, n) in wrong_from_and_nonfinite.items()}
 
@@ -272,20 +338,42 @@ def matches_prediction(magnitudes, measured, predicted):
     )
 
 
+def ieee_direct_softmax(logits, old_logits, clip_epsilon):
+    """direct-softmax's ratios [n, batch] and losses [n] in numpy, whose exp keeps subnormals (IEEE
+    gradual underflow) where XLA flushes them to zero: the arithmetic of a plot made with numpy."""
+
+    def softmax(z):
+        exp_z = np.exp(z - z.max(axis=-1, keepdims=True))
+        return exp_z / exp_z.sum(axis=-1, keepdims=True)
+
+    dtype = logits.dtype.type
+    with np.errstate(under="ignore", divide="ignore", invalid="ignore"):  # 0 / 0 is what is measured
+        at_action = lambda p: np.take_along_axis(p, ACTIONS[None, :, None], axis=-1)[..., 0]
+        ratio = at_action(softmax(logits)) / at_action(softmax(old_logits))
+        clipped_ratio = np.clip(ratio, dtype(1 - clip_epsilon), dtype(1 + clip_epsilon))
+        advantages = ADVANTAGES.astype(dtype)
+        loss = -np.mean(np.minimum(ratio * advantages, clipped_ratio * advantages), axis=-1)
+    return ratio, loss
+
+
 # ---------------------------------------------------------------------------------------------------
 # The two sweeps, for one dtype
 # ---------------------------------------------------------------------------------------------------
 def large_sweep(args, magnitudes, dtype, predicted):
-    """Sweep 1: per method the loss, the relative errors of loss and gradient, and where they break."""
+    """Sweep 1: per method the loss, the relative errors of loss and gradient (their largest per window),
+    and where they break; then direct-softmax again in numpy's IEEE arithmetic (where it breaks)."""
     logits, old_logits = sweep_inputs(magnitudes, args.old_logit_ratio, dtype)
-    ref_losses, ref_grads = reference_sweep(logits, old_logits, args.clip_epsilon)
-    curves, thresholds = {"reference": {"loss": np.array([float(r) for r in ref_losses])}}, {}
+    ref_losses, ref_grads, ref_ratios = reference_sweep(logits, old_logits, args.clip_epsilon)
+    curves, thresholds, windows = {"reference": {"loss": np.array([float(r) for r in ref_losses])}}, {}, {}
     for method in METHODS:
         losses, grads = map(np.asarray, loss_and_grad_sweep(logits, old_logits, method, args.clip_epsilon))
         assert losses.dtype == grads.dtype == dtype, "the sweep must compute in the dtype it reports"
-        loss_err = loss_relative_errors(losses, ref_losses, dtype)
+        loss_err = relative_errors(losses, ref_losses, dtype)
         grad_err = gradient_errors(grads, ref_grads)
         curves[method] = {"loss": losses, "loss_rel_error": loss_err, "grad_error": grad_err}
+        windows[method] = {
+            "loss": window_maxima(magnitudes, loss_err), "grad": window_maxima(magnitudes, grad_err)
+        }
         measured = {
             "loss_wrong": first_break(magnitudes, loss_err > args.wrong_tolerance),  # non-finite: error inf
             "loss_nonfinite": first_break(magnitudes, ~np.isfinite(losses)),
@@ -293,66 +381,140 @@ def large_sweep(args, magnitudes, dtype, predicted):
             "grad_nonfinite": first_break(magnitudes, ~np.all(np.isfinite(grads), axis=(1, 2))),
         }
         measured["matches_prediction"] = matches_prediction(magnitudes, measured, predicted[method])
+        finite = np.isfinite(loss_err) & np.isfinite(grad_err)
+        measured["largest_finite_error"] = {
+            "loss": float(loss_err[finite].max()), "grad": float(grad_err[finite].max())
+        }
         thresholds[method] = {**measured, "predicted": predicted[method]}
-    return curves, thresholds
+
+    ieee_ratios, ieee_losses = ieee_direct_softmax(logits, old_logits, args.clip_epsilon)
+    ratio_err = relative_errors(ieee_ratios, ref_ratios, dtype).max(axis=-1)
+    ieee = {
+        "ratio_wrong": first_break(magnitudes, ratio_err > args.wrong_tolerance),
+        "loss_wrong": first_break(
+            magnitudes, relative_errors(ieee_losses, ref_losses, dtype) > args.wrong_tolerance
+        ),
+        "loss_nonfinite": first_break(magnitudes, ~np.isfinite(ieee_losses)),
+    }
+    ieee_predicted = predicted_breaks(dtype, args.old_logit_ratio, flushes_subnormals=False)["direct-softmax"]
+    ieee["matches_prediction"] = matches_prediction(magnitudes, ieee, ieee_predicted)
+    return curves, thresholds, windows, {**ieee, "predicted": ieee_predicted}
 
 
 def safe_sweep(args, magnitudes, dtype):
-    """Sweep 2: per method the loss error in ulps of the reference, and its statistics."""
+    """Sweep 2: per method the loss error in ulps of the reference and the gradient error, with the
+    statistics of the ulps, overall and per window."""
     logits, old_logits = sweep_inputs(magnitudes, args.old_logit_ratio, dtype)
-    ref_losses, _ = reference_sweep(logits, old_logits, args.clip_epsilon)
-    curves, stats = {}, {}
+    ref_losses, ref_grads, _ = reference_sweep(logits, old_logits, args.clip_epsilon)
+    curves, stats, windows = {}, {}, {}
     for method in METHODS:
-        losses, _ = loss_and_grad_sweep(logits, old_logits, method, args.clip_epsilon)
-        curves[method] = {"ulp_error": ulp_errors(np.asarray(losses), ref_losses)}
-        stats[method] = ulp_error_stats(curves[method]["ulp_error"])
-    return curves, stats
+        losses, grads = map(np.asarray, loss_and_grad_sweep(logits, old_logits, method, args.clip_epsilon))
+        ulps = ulp_errors(losses, ref_losses)
+        curves[method] = {"ulp_error": ulps, "grad_error": gradient_errors(grads, ref_grads)}
+        largest_loss_error = max(abs(mpmath.mpf(float(x)) - ref) for x, ref in zip(losses, ref_losses))
+        stats[method] = {
+            **ulp_error_stats(ulps),
+            "max_abs_loss_error": float(largest_loss_error),
+            "max_grad_error": float(curves[method]["grad_error"].max()),
+        }
+        windows[method] = {
+            "ulps": window_maxima(magnitudes, ulps),
+            "ulps_neighbour_correlation": per_window(
+                magnitudes, ulps, lambda u: ulp_error_stats(u)["neighbour_correlation"]
+            ),
+            "grad": window_maxima(magnitudes, curves[method]["grad_error"]),
+        }
+    return curves, stats, windows
 
 
 # ---------------------------------------------------------------------------------------------------
-# Outputs: figures, CSVs, terminal tables
+# Outputs: figures, CSVs, terminal tables (all of them from summary.json's numbers)
 # ---------------------------------------------------------------------------------------------------
-COLORS = {"direct-naive": "tab:red", "direct-softmax": "tab:orange", "log-space": "tab:blue"}
+COLORS = {"direct-naive": "tab:red", "direct-softmax": "tab:orange", "log-space": "tab:blue",
+          "log-space-paired": "tab:green"}
+ERROR_FLOOR = 1e-20  # smaller errors (exact 0 included) are drawn in a band at the bottom of the panel
+FIGURE_STYLE = {"font.size": 12, "axes.titlesize": 12, "legend.fontsize": 12}
 
 
-def plot_large_sweep(path, magnitudes, curves, error_key, ylabel, tolerance, thresholds):
-    """One error curve per method along sweep 1 (the loss's or the gradient's), one panel per dtype."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for ax, (name, per_method) in zip(axes, curves.items()):
-        for row, method in enumerate(METHODS):
-            errors = per_method[method][error_key]
-            finite = np.isfinite(errors)
-            # Exact results sit on a floor so that the log scale can draw them; non-finite ones become
-            # crosses high above the data, one row per method so that none hides another.
-            color = COLORS[method]
-            ax.plot(magnitudes[finite], np.maximum(errors[finite], 1e-19), ".", ms=2, color=color, label=method)
-            ax.plot(magnitudes[~finite], np.full((~finite).sum(), 10.0 ** (6 - row)), "x", ms=3, color=color)
-        for m in {m for t in thresholds[name].values() for m in t["predicted"]["nonfinite"] if m is not None}:
-            ax.axvline(m, color="gray", ls=":", lw=1)
-        ax.axhline(tolerance, color="black", ls="--", lw=0.8, label=f"wrong: error > {tolerance:g}")
-        ax.set(yscale="log", xlabel="logit magnitude m  (logits (m, 0))",
-               title=f"{name}   x: non-finite   dotted: predicted non-finite")
-        ax.text(0.01, 0.02, "error 0 drawn at 1e-19", transform=ax.transAxes, fontsize=7)
-    axes[0].set_ylabel(ylabel)
-    axes[0].legend(loc="center right", fontsize=8, markerscale=4)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+def marker_legend(fig, entries):
+    """One legend for the figure that says what each marker and line means, drawn in black."""
+    handles = [Line2D([], [], **{"color": "black", **style}) for _, style in entries]
+    fig.legend(handles, [label for label, _ in entries], loc="upper center", ncol=3, markerscale=2,
+               frameon=False)
 
 
-def plot_safe_zone(path, magnitudes, curves, stats):
-    """Loss error in ulps along sweep 2, one panel per dtype, mean and spread in the legend."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, (name, per_method) in zip(axes, curves.items()):
-        for method in METHODS:
-            s = stats[name][method]
-            label = f"{method}: mean {s['mean']:+.2f}, std {s['std']:.2f}"
-            ax.plot(magnitudes, per_method[method]["ulp_error"], ".", ms=2, color=COLORS[method], label=label)
-        ax.axhline(0, color="black", lw=0.8)
-        ax.set(title=name, xlabel="logit magnitude m  (logits (m, 0))", ylabel="loss - reference  (ulps)")
-        ax.legend(fontsize=8, markerscale=4)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
+def large_sweep_figure(magnitudes, curves, thresholds, error_key, ylabel, tolerance):
+    """Sweep 1's error for one quantity: a panel per method (rows) and dtype (columns), so that no method
+    hides another. Non-finite points sit in a grey band at the top, errors below ERROR_FLOOR in one at
+    the bottom: neither is drawn at an error value it does not have."""
+    dtypes = list(curves)
+    with plt.rc_context(FIGURE_STYLE):
+        fig, axes = plt.subplots(len(METHODS), len(dtypes), figsize=(12, 13.5), sharex="col", sharey=True,
+                                 squeeze=False)
+        for col, name in enumerate(dtypes):
+            for row, method in enumerate(METHODS):
+                ax, errors, color = axes[row, col], curves[name][method][error_key], COLORS[method]
+                finite = np.isfinite(errors)
+                shown, tiny = finite & (errors >= ERROR_FLOOR), finite & (errors < ERROR_FLOOR)
+                band = ax.get_xaxis_transform()  # x in data units, y as a fraction of the panel's height
+                for low in (0, 0.9):
+                    ax.add_patch(Rectangle((0, low), 1, 0.1 - 0.04 * (low == 0), transform=ax.transAxes,
+                                           color="0.9", lw=0))
+                ax.plot(magnitudes[shown], errors[shown], ".", ms=3, color=color, label="error")
+                ax.plot(magnitudes[tiny], np.full(tiny.sum(), 0.03), "_", ms=6, color=color, transform=band,
+                        label="error below floor")
+                ax.plot(magnitudes[~finite], np.full((~finite).sum(), 0.95), "x", ms=5, color=color,
+                        transform=band, label="not finite")
+                for m in thresholds[name][method]["predicted"]["nonfinite"]:
+                    if m is not None:
+                        ax.axvline(m, color="gray", ls=":", lw=1.5)
+                ax.axhline(tolerance, color="black", ls="--", lw=1)
+                ax.set_ylim(ERROR_FLOOR / 100, 1e4)  # before the log scale, which would autoscale first
+                ax.set(yscale="log", title=f"{method}, {name}")
+                ax.set_yticks([1e-18, 1e-12, 1e-6, 1e0])
+            axes[-1, col].set_xlabel("logit magnitude m  (logits (m, 0))")
+        fig.supylabel(ylabel)
+        marker_legend(fig, [
+            ("error (colour: method)", {"marker": ".", "ls": ""}),
+            (f"error below {ERROR_FLOOR:g} or exactly 0 (bottom band)", {"marker": "_", "ls": ""}),
+            ("not finite: NaN or inf (top band)", {"marker": "x", "ls": ""}),
+            (f"wrong: error > {tolerance:g}", {"ls": "--"}),
+            ("first non-finite m, predicted", {"ls": ":", "color": "gray"}),
+        ])
+        fig.tight_layout(rect=(0, 0, 1, 0.93))
+    return fig
+
+
+def safe_zone_figure(magnitudes, curves, stats, windows):
+    """Sweep 2's loss error in ulps: a panel per method (rows) and dtype (columns), one scale for all, with
+    the largest |error| of each window drawn as a step line."""
+    dtypes = list(curves)
+    edges = window_edges(magnitudes)
+    with plt.rc_context(FIGURE_STYLE):
+        fig, axes = plt.subplots(len(METHODS), len(dtypes), figsize=(12, 13.5), sharex="col", sharey=True,
+                                 squeeze=False)
+        for col, name in enumerate(dtypes):
+            for row, method in enumerate(METHODS):
+                ax, s = axes[row, col], stats[name][method]
+                ax.plot(magnitudes, curves[name][method]["ulp_error"], ".", ms=3, color=COLORS[method],
+                        label="error")
+                largest = np.append(windows[name][method]["ulps"], windows[name][method]["ulps"][-1])
+                for sign in (1, -1):
+                    ax.step(edges, sign * largest, where="post", color="black", lw=1, label="window max")
+                ax.axhline(0, color="gray", lw=0.8)
+                ax.set_title(f"{method}, {name}: mean {s['mean']:+.2f}, std {s['std']:.2f}")
+            axes[-1, col].set_xlabel("logit magnitude m  (logits (m, 0))")
+        fig.supylabel("loss - reference  (ulps of the reference)")
+        marker_legend(fig, [
+            ("error at one m (colour: method)", {"marker": ".", "ls": ""}),
+            (f"+/- largest |error| in each window of {edges[1] - edges[0]:g}", {"lw": 1}),
+        ])
+        fig.tight_layout(rect=(0, 0, 1, 0.95))
+    return fig
+
+
+def save_figure(fig, path):
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
@@ -368,32 +530,77 @@ def write_csv(path, magnitudes, curves):
         writer.writerows(zip(*(["%.6g" % v for v in values] for values in columns.values())))
 
 
-def print_tables(args, step, thresholds, stats, flushes):
-    """The two short tables the run ends with: where each method breaks, and its safe-zone error."""
+def format_tables(summary):
+    """The tables the run prints and the docs page shows, from summary.json's numbers alone."""
+    args = summary["args"]
     pair = lambda p, fmt="{:+g}": " / ".join("-" if m is None else fmt.format(m) for m in p)
-    print(f"Sweep 1: first m at which each method breaks (negative side / positive side); logits (m, 0), "
-          f"old logits {args.old_logit_ratio:g} * (m, 0), m from {args.min_logit:g} to {args.max_logit:g} "
-          f"by {step:g}")
-    row = "{:<15}{:<9}{:<16}{:<17}{:<19}{:<7}{:<16}{}"
-    print(row.format("method", "dtype", "loss wrong", "loss non-finite", "predicted", "check", "grad wrong",
-                     "grad non-finite"))
-    for name, per_method in thresholds.items():
+    step = (args["max_logit"] - args["min_logit"]) / (args["num_points"] - 1)
+    sweep_1 = [
+        f"Sweep 1: first m at which each method breaks (negative side / positive side); logits (m, 0), "
+        f"old logits {args['old_logit_ratio']:g} * (m, 0), m from {args['min_logit']:g} to {args['max_logit']:g} "
+        f"by {step:g}"
+    ]
+    row = "{:<17}{:<9}{:<16}{:<17}{:<19}{:<7}{:<16}{}"
+    sweep_1.append(row.format("method", "dtype", "loss wrong", "loss non-finite", "predicted", "check",
+                              "grad wrong", "grad non-finite"))
+    for name, per_method in summary["thresholds"].items():
         for method, t in per_method.items():
-            check = "ok" if t["matches_prediction"] else "MISS"
-            print(row.format(method, name, pair(t["loss_wrong"]), pair(t["loss_nonfinite"]),
-                             pair(t["predicted"]["nonfinite"], "{:+.2f}"), check,
-                             pair(t["grad_wrong"]), pair(t["grad_nonfinite"])))
-    print("predicted: non-finite m from the float format alone; exp flushes subnormals to zero here: "
-          + ", ".join(f"{name} {'yes' if f else 'no'}" for name, f in flushes.items()))
-    print(f"\nSweep 2: loss error in ulps of the reference, m from {-args.safe_logit:g} to "
-          f"{args.safe_logit:g}, {args.num_points} points")
-    row = "{:<15}{:<9}{:>7}{:>7}{:>10}{:>7}{:>7}{:>16}"
-    print(row.format("method", "dtype", "mean", "std", "max|err|", "> 0", "< 0", "neighbour corr"))
-    for name, per_method in stats.items():
+            sweep_1.append(row.format(method, name, pair(t["loss_wrong"]), pair(t["loss_nonfinite"]),
+                                      pair(t["predicted"]["nonfinite"], "{:+.2f}"),
+                                      "ok" if t["matches_prediction"] else "MISS",
+                                      pair(t["grad_wrong"]), pair(t["grad_nonfinite"])))
+    flushes = summary["exp_flushes_subnormals"]
+    sweep_1.append("predicted: non-finite m from the float format alone; exp flushes subnormals to zero here: "
+                   + ", ".join(f"{name} {'yes' if f else 'no'}" for name, f in flushes.items()))
+
+    ieee = ["direct-softmax once more in numpy, which keeps subnormals (IEEE gradual underflow), negative side"]
+    row = "{:<9}{:<13}{:<12}{:<17}{:<11}{}"
+    ieee.append(row.format("dtype", "ratio wrong", "loss wrong", "loss non-finite", "predicted", "check"))
+    for name, t in summary["ieee_subnormals"].items():
+        ieee.append(row.format(name, pair(t["ratio_wrong"][:1]), pair(t["loss_wrong"][:1]),
+                               pair(t["loss_nonfinite"][:1]), pair(t["predicted"]["nonfinite"][:1], "{:+.2f}"),
+                               "ok" if t["matches_prediction"] else "MISS"))
+
+    largest = ["Sweep 1: largest error at any m where the result is finite (loss: relative; gradient: as plotted)"]
+    row = "{:<17}{:>13}{:>13}{:>13}{:>13}"
+    largest.append(row.format("method", "loss f32", "grad f32", "loss f64", "grad f64"))
+    for method in summary["thresholds"]["float32"]:
+        cells = [f"{summary['thresholds'][name][method]['largest_finite_error'][q]:.2g}"
+                 for name in summary["thresholds"] for q in ("loss", "grad")]
+        largest.append(row.format(method, *cells))
+
+    safe = [f"Sweep 2: loss error in ulps of the reference, m from {-args['safe_logit']:g} to "
+            f"{args['safe_logit']:g}, {args['num_points']} points"]
+    row = "{:<17}{:<9}{:>7}{:>7}{:>10}{:>7}{:>7}{:>16}{:>16}{:>10}"
+    safe.append(row.format("method", "dtype", "mean", "std", "max|err|", "> 0", "< 0", "neighbour corr",
+                           "max |loss err|", "max grad"))
+    for name, per_method in summary["safe_zone_ulp_error"].items():
         for method, s in per_method.items():
-            print(row.format(method, name, f"{s['mean']:+.2f}", f"{s['std']:.2f}", f"{s['max_abs']:.2f}",
-                             f"{s['share_positive']:.0%}", f"{s['share_negative']:.0%}",
-                             f"{s['neighbour_correlation']:.2f}"))
+            safe.append(row.format(method, name, f"{s['mean']:+.2f}", f"{s['std']:.2f}", f"{s['max_abs']:.2f}",
+                                   f"{s['share_positive']:.0%}", f"{s['share_negative']:.0%}",
+                                   f"{s['neighbour_correlation']:.2f}", f"{s['max_abs_loss_error']:.2g}",
+                                   f"{s['max_grad_error']:.2g}"))
+
+    windows = summary["windows"]["sweep 2"]
+    per_window_table = [f"Sweep 2 per window of m: largest |error| in ulps / neighbour correlation"]
+    row = "{:<9}{:<16}" + "{:>19}" * len(METHODS)
+    per_window_table.append(row.format("dtype", "m", *windows["float32"]))
+    for name in summary["safe_zone_ulp_error"]:
+        for w, (low, high) in enumerate(zip(windows["edges"][:-1], windows["edges"][1:])):
+            cells = [f"{s['ulps'][w]:.2f} / {s['ulps_neighbour_correlation'][w]:+.2f}"
+                     for s in windows[name].values()]
+            per_window_table.append(row.format(name, f"[{low:+g}, {high:+g})", *cells))
+
+    not_worse = summary["log_space_paired_not_worse"]
+    comparison = [f"log-space-paired against each other method: in how many of the {NUM_WINDOWS} windows of m "
+                  f"its largest error is no larger"]
+    others = list(next(iter(next(iter(not_worse.values())).values())))
+    row = "{:<9}{:<22}" + "{:>16}" * len(others)
+    comparison.append(row.format("dtype", "error", *others))
+    for name, per_error in not_worse.items():
+        for error, counts in per_error.items():
+            comparison.append(row.format(name, error, *(f"{counts[o]}/{NUM_WINDOWS}" for o in others)))
+    return ["\n".join(table) for table in (sweep_1, ieee, largest, safe, per_window_table, comparison)]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -403,8 +610,8 @@ def argument_problem(args):
     """The first thing wrong with args as one line, or None. Runs before any work and any write."""
     if not -np.inf < args.min_logit < args.max_logit < np.inf:
         return f"--min-logit ({args.min_logit:g}) must be below --max-logit ({args.max_logit:g}), both finite"
-    if args.num_points < 2:
-        return f"--num-points must be at least 2, got {args.num_points}"
+    if args.num_points < MIN_POINTS:
+        return f"--num-points must be at least {MIN_POINTS} (4 per window), got {args.num_points}"
     must_be_positive = {
         "safe-logit": args.safe_logit,
         "old-logit-ratio": args.old_logit_ratio,
@@ -425,6 +632,50 @@ def argument_problem(args):
     return None
 
 
+def run_study(args):
+    """Both sweeps in both dtypes; writes the figures, CSVs and summary.json, prints the tables."""
+    magnitudes = np.linspace(args.min_logit, args.max_logit, args.num_points)
+    # Same number of points in both sweeps: same array shapes, so each method compiles once per dtype.
+    safe_magnitudes = np.linspace(-args.safe_logit, args.safe_logit, args.num_points)
+    large_curves, thresholds, ieee, safe_curves, safe_stats, flushes, not_worse = {}, {}, {}, {}, {}, {}, {}
+    windows = {"sweep 1": {"edges": window_edges(magnitudes).tolist()},
+               "sweep 2": {"edges": window_edges(safe_magnitudes).tolist()}}
+    for dtype in DTYPES:
+        name = np.dtype(dtype).name
+        flushes[name] = exp_flushes_subnormals(dtype)
+        predicted = predicted_breaks(dtype, args.old_logit_ratio, flushes[name])
+        large_curves[name], thresholds[name], windows["sweep 1"][name], ieee[name] = large_sweep(
+            args, magnitudes, dtype, predicted
+        )
+        safe_curves[name], safe_stats[name], windows["sweep 2"][name] = safe_sweep(args, safe_magnitudes, dtype)
+        not_worse[name] = {
+            "sweep 1 loss": windows_not_worse(windows["sweep 1"][name], "loss"),
+            "sweep 1 gradient": windows_not_worse(windows["sweep 1"][name], "grad"),
+            "sweep 2 loss (ulps)": windows_not_worse(windows["sweep 2"][name], "ulps"),
+            "sweep 2 gradient": windows_not_worse(windows["sweep 2"][name], "grad"),
+        }
+
+    out = lambda filename: os.path.join(args.out_dir, filename)
+    for filename, error_key, ylabel in [
+        ("loss_sweep.png", "loss_rel_error", "relative error of the loss"),
+        ("gradient_sweep.png", "grad_error", "gradient error / max(||ref||, ||A|| / batch)"),
+    ]:
+        fig = large_sweep_figure(magnitudes, large_curves, thresholds, error_key, ylabel, args.wrong_tolerance)
+        save_figure(fig, out(filename))
+    safe_figure = safe_zone_figure(safe_magnitudes, safe_curves, safe_stats, windows["sweep 2"])
+    save_figure(safe_figure, out("safe_zone_ulps.png"))
+    write_csv(out("sweep_large.csv"), magnitudes, large_curves)
+    write_csv(out("sweep_safe.csv"), safe_magnitudes, safe_curves)
+    summary = {"args": dataclasses.asdict(args), "exp_flushes_subnormals": flushes, "thresholds": thresholds,
+               "ieee_subnormals": ieee, "safe_zone_ulp_error": safe_stats, "windows": windows,
+               "log_space_paired_not_worse": not_worse}
+    with open(out("summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    print("\n\n".join(format_tables(summary)))
+    print(f"\nwrote loss_sweep.png, gradient_sweep.png, safe_zone_ulps.png, sweep_large.csv, sweep_safe.csv, "
+          f"summary.json to {args.out_dir}")
+
+
 def main():
     args = tyro.cli(Args)
     problem = argument_problem(args)
@@ -436,37 +687,8 @@ def main():
     if problem is not None:
         print(f"error: {problem}", file=sys.stderr)
         sys.exit(2)
-    jax.config.update("jax_enable_x64", True)  # float64 next to float32: every array is cast explicitly
-
-    magnitudes = np.linspace(args.min_logit, args.max_logit, args.num_points)
-    # Same number of points in both sweeps: same array shapes, so each method compiles once per dtype.
-    safe_magnitudes = np.linspace(-args.safe_logit, args.safe_logit, args.num_points)
-    large_curves, thresholds, safe_curves, safe_stats, flushes = {}, {}, {}, {}, {}
-    for dtype in DTYPES:
-        name = np.dtype(dtype).name
-        flushes[name] = exp_flushes_subnormals(dtype)
-        predicted = predicted_breaks(dtype, args.old_logit_ratio, flushes[name])
-        large_curves[name], thresholds[name] = large_sweep(args, magnitudes, dtype, predicted)
-        safe_curves[name], safe_stats[name] = safe_sweep(args, safe_magnitudes, dtype)
-
-    out = lambda filename: os.path.join(args.out_dir, filename)
-    for filename, error_key, ylabel in [
-        ("loss_sweep.png", "loss_rel_error", "relative error of the loss"),
-        ("gradient_sweep.png", "grad_error", "gradient error / max(|ref|, ||A|| / batch)"),
-    ]:
-        plot_large_sweep(
-            out(filename), magnitudes, large_curves, error_key, ylabel, args.wrong_tolerance, thresholds
-        )
-    plot_safe_zone(out("safe_zone_ulps.png"), safe_magnitudes, safe_curves, safe_stats)
-    write_csv(out("sweep_large.csv"), magnitudes, large_curves)
-    write_csv(out("sweep_safe.csv"), safe_magnitudes, safe_curves)
-    summary = {"args": dataclasses.asdict(args), "exp_flushes_subnormals": flushes, "thresholds": thresholds,
-               "safe_zone_ulp_error": safe_stats}
-    with open(out("summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    print_tables(args, magnitudes[1] - magnitudes[0], thresholds, safe_stats, flushes)
-    print(f"\nwrote loss_sweep.png, gradient_sweep.png, safe_zone_ulps.png, sweep_large.csv, sweep_safe.csv, "
-          f"summary.json to {args.out_dir}")
+    with jax.enable_x64(True):  # float64 next to float32 for this run only; every array is cast explicitly
+        run_study(args)
 
 
 if __name__ == "__main__":
