@@ -193,6 +193,15 @@ def test_reference_gradient_is_autodiff_of_log_space_float64():
     assert 0 < clipped_rows.sum() < len(grad)  # both branches of PPO's min are exercised
 
 
+def test_relative_errors_floor_a_zero_reference_at_the_dtypes_smallest_normal():
+    tiny32 = np.finfo(np.float32).tiny
+    values = np.array([[2.0, np.nan], [tiny32, 0.0]], np.float32)
+    reference = [[mpmath.mpf(1), mpmath.mpf(1)], [mpmath.mpf(0), mpmath.mpf(0)]]
+    errors = ls.relative_errors(values, reference, np.float32)
+    assert errors.shape == (2, 2) and errors[0, 0] == 1.0 and errors[0, 1] == np.inf
+    assert errors[1, 0] == 1.0 and errors[1, 1] == 0.0  # |tiny - 0| / tiny: the float32 floor, not float64's
+
+
 def test_ulp_stats_tell_systematic_from_noisy():
     systematic = ls.ulp_error_stats(np.full(100, 2.0) + np.linspace(0, 0.1, 100))
     noisy = ls.ulp_error_stats(np.tile([1.0, -1.0], 50))
@@ -328,7 +337,10 @@ def test_safe_zone_figure_draws_each_method_in_its_own_panel():
         name = rest.split(":")[0]
         assert f"std {stats[name][method]['std']:.2f}" in rest
         line = lines_by_label(ax)["error"]
+        np.testing.assert_array_equal(line.get_xdata(), magnitudes)
         np.testing.assert_array_equal(line.get_ydata(), curves[name][method]["ulp_error"])
+        assert ax.get_ylim() == fig.axes[0].get_ylim()  # one scale for all panels, as the page says
+        assert [tuple(l.get_ydata()) for l in ax.get_lines() if l.get_label()[0] == "_"] == [(0, 0)]
         assert line.get_color() == ls.COLORS[method]
         assert line.get_marker() == dot.get_marker() and line.get_linestyle() == dot.get_linestyle() == "None"
         steps = [l for l in ax.get_lines() if l.get_label() == "window max"]  # +/- the largest |error|
@@ -337,7 +349,8 @@ def test_safe_zone_figure_draws_each_method_in_its_own_panel():
         for step, sign in zip(steps, (1, -1)):
             assert step.get_drawstyle() == "steps-post"  # each window's value from its left edge on
             np.testing.assert_array_equal(step.get_xdata(), ls.window_edges(magnitudes))
-            np.testing.assert_array_equal(step.get_ydata()[:-1], sign * np.array(windows[name][method]["ulps"]))
+            ulps = sign * np.array(windows[name][method]["ulps"])
+            np.testing.assert_array_equal(step.get_ydata(), np.append(ulps, ulps[-1]))  # the last edge too
     assert "ulps" in fig.get_supylabel() and "logit magnitude m" in fig.axes[-1].get_xlabel()
     assert "window of 2.5" in " ".join(t.get_text() for t in fig.legends[0].get_texts())
     assert_readable(fig)
@@ -437,6 +450,21 @@ def large_csv_rows(path):
         return {float(row["m"]): row for row in csv.DictReader(f)}
 
 
+def test_tables_show_a_missed_prediction():
+    # On another backend the check can fail; the tables must say so rather than print "ok".
+    with open(os.path.join(FIGURE_DIR, "summary.json")) as f:
+        summary = json.load(f)
+    summary["thresholds"]["float32"]["direct-naive"]["matches_prediction"] = False
+    summary["ieee_subnormals"]["float64"]["matches_prediction"] = False
+    summary["exp_flushes_subnormals"]["float64"] = False
+    sweep_1, ieee = ls.format_tables(summary)[:2]
+    rows = {tuple(line.split()[:2]): line.split() for line in sweep_1.splitlines()[2:]}
+    assert "MISS" in rows[("direct-naive", "float32")] and "ok" in rows[("direct-softmax", "float32")]
+    ieee_rows = {line.split()[0]: line.split() for line in ieee.splitlines()[2:]}
+    assert ieee_rows["float64"][-1] == "MISS" and ieee_rows["float32"][-1] == "ok"
+    assert sweep_1.endswith("float32 yes, float64 no")
+
+
 def test_docs_page_shows_the_committed_summary():
     # The tables on the page are what format_tables makes of the committed summary.json, character for
     # character, and every number in the prose is the committed one, so a rerun that changes a number
@@ -500,14 +528,21 @@ def test_main_writes_what_its_summary_says(tmp_path, monkeypatch, capsys):
     out_dir.mkdir()  # rerunning into an existing directory is how the docs' copies are regenerated
     monkeypatch.setattr(sys, "argv", ["loss_stability.py", "--out-dir", str(out_dir), "--num-points",
                                       str(ls.MIN_POINTS)])
+    y_labels, save_figure = {}, ls.save_figure
+    monkeypatch.setattr(ls, "save_figure", lambda fig, path: (
+        y_labels.update({os.path.basename(path): fig.get_supylabel()}), save_figure(fig, path)))
     with jax.enable_x64(False):  # as a user's process starts: main() must turn float64 on itself
         ls.main()
     assert sorted(os.listdir(out_dir)) == OUTPUT_FILES and not ls.plt.get_fignums()
     for figure in FIGURES:
         assert png_size(out_dir / figure) == (1200, 1350)  # 12 x 13.5 inches at 100 dpi
+    # Each figure's axis says what it plots.
+    assert "relative error of the loss" in y_labels["loss_sweep.png"]
+    assert "gradient error" in y_labels["gradient_sweep.png"] and "ulps" in y_labels["safe_zone_ulps.png"]
     summary = json.loads((out_dir / "summary.json").read_text())
     assert summary["args"]["num_points"] == ls.MIN_POINTS
-    assert capsys.readouterr().out.startswith("\n\n".join(ls.format_tables(summary)))
+    out = capsys.readouterr().out
+    assert out.startswith("\n\n".join(ls.format_tables(summary))) and out.endswith(f"to {out_dir}\n")
 
     # The summary: each dtype computed in its own precision, checked against its own float format.
     for dtype in ls.DTYPES:
