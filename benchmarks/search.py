@@ -26,6 +26,7 @@ import time
 import warnings
 
 import optuna
+import sqlalchemy
 import tyro
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
@@ -102,7 +103,6 @@ def find_search_error(args: Args) -> str | None:
         return f"--fixed {' '.join(unknown)}: not in the search space ({', '.join(sorted(known))})"
     if "://" in args.storage:
         try:
-            import sqlalchemy
             sqlalchemy.engine.make_url(args.storage)
         except Exception as e:  # noqa: BLE001  (sqlalchemy raises several kinds)
             return f"--storage {args.storage} is not a database URL: {e}"
@@ -121,9 +121,17 @@ def open_storage(storage: str) -> optuna.storages.RDBStorage:
         os.makedirs(os.path.dirname(os.path.abspath(storage)), exist_ok=True)
     # SQLite: two workers on one file wait for each other's writes rather than fail.
     engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
-    return optuna.storages.RDBStorage(
-        url, engine_kwargs=engine_kwargs, heartbeat_interval=60, grace_period=300,
-        heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
+    for attempt in range(5):
+        try:
+            return optuna.storages.RDBStorage(
+                url, engine_kwargs=engine_kwargs, heartbeat_interval=60, grace_period=300,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
+        except sqlalchemy.exc.IntegrityError:
+            # Workers that start together on a new database race to create its tables, and the losers
+            # fail on the schema's version row; once it exists, opening the storage just reads it.
+            if attempt == 4:
+                raise
+            time.sleep(1.0)
 
 
 def suggest(trial: optuna.Trial, name: str, dist) -> object:
@@ -255,15 +263,16 @@ def main() -> None:
     if args.ppo.jax_cache_dir:
         tune.jax.config.update("jax_compilation_cache_dir", os.path.expanduser(args.ppo.jax_cache_dir))
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # this script prints its own progress lines
-    study = optuna.create_study(
-        study_name=args.study_name, storage=open_storage(args.storage), load_if_exists=True,
-        direction="maximize",
-        # n_warmup_steps=0: when the pruner may act is --prune-from-chunk's to say, in the objective.
-        pruner=optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0))
+    storage = open_storage(args.storage)
+    # n_warmup_steps=0: when the pruner may act is --prune-from-chunk's to say, in the objective.
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0)
+    try:
+        study = optuna.create_study(study_name=args.study_name, storage=storage, direction="maximize", pruner=pruner)
+        study.enqueue_trial(default_params(args))  # by the one worker that made the study: the defaults first
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(study_name=args.study_name, storage=storage, pruner=pruner)
     seed = None if args.sampler_seed is None else args.sampler_seed + len(study.get_trials(deepcopy=False))
     study.sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10)
-    if not study.get_trials(deepcopy=False):
-        study.enqueue_trial(default_params(args), skip_if_exists=True)
     remaining = args.n_trials - len(finished(study))
     print(f"study {args.study_name!r}: {len(finished(study))} of {args.n_trials} trials finished", file=sys.stderr)
     if remaining > 0:
