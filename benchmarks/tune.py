@@ -64,7 +64,7 @@ class Args:
     out: str = ""
     """also write the JSON result to this file"""
     baseline: str = ""
-    """a result JSON of another setting on the same seeds, to compare this one against"""
+    """a result JSON of another setting that ran (at least) these seeds, to compare this one against on them"""
     quiet: bool = False
     """no progress lines"""
 
@@ -98,9 +98,9 @@ def find_harness_error(args: Args) -> str | None:
             baseline["eval_returns"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             return f"--baseline {args.baseline} is not a result of this harness: {e!r}"
-        wanted = list(range(args.first_seed, args.first_seed + args.num_seeds))
-        if seeds != wanted:
-            return f"--baseline {args.baseline} ran seeds {seeds[0]}-{seeds[-1]}, not {wanted[0]}-{wanted[-1]}"
+        missing = [s for s in range(args.first_seed, args.first_seed + args.num_seeds) if s not in seeds]
+        if missing:
+            return f"--baseline {args.baseline} has no result for seed {missing[0]}"
     return None
 
 
@@ -229,9 +229,10 @@ def result_json(cfg: ppo_breakout.Args, seeds: list[int], result: SeedsResult, e
                    "peak_memory_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                    "machine": machine(), "devices": len(jax.devices())},
     }
-    if baseline is not None:
+    if baseline is not None:  # on this run's seeds: a seed's result does not depend on the others run
+        by_seed = dict(zip(baseline["seeds"], baseline["eval_returns"]))
         out["comparison"] = {"baseline": baseline["changed_args"], "baseline_command": baseline["command"],
-                             **stats.compare(baseline["eval_returns"], result.eval_returns)}
+                             **stats.compare([by_seed[s] for s in seeds], result.eval_returns)}
     return out
 
 

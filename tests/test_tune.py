@@ -53,8 +53,8 @@ def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path, ca
 
     # The same setting on the same seeds again, against the first run: identical returns, so the
     # differences are 0 and a run of either is as likely to be the better one.
-    second = run_harness(tmp_path, "--num-seeds", "3", "--num-chunks", "2", "--baseline", "a.json",
-                         "--quiet", "--ppo.jax-cache-dir", cache_dir)
+    second = run_harness(tmp_path, "--num-seeds", "3", "--num-chunks", "2", "--baseline", "a.json", "--quiet",
+                         "--ppo.jax-cache-dir", cache_dir)
     assert second.returncode == 0, second.stderr
     assert second.stderr == ""  # --quiet
     again = json.loads(second.stdout)
@@ -64,14 +64,23 @@ def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path, ca
     assert comparison["probability_of_improvement"]["value"] == 0.5
 
 
+def test_a_baseline_is_compared_on_this_runs_seeds_only():
+    result = tune.SeedsResult(eval_returns=np.array([30.0, 40.0]), return_sums=np.ones((2, 1)),
+                              episodes=np.ones((2, 1), int), chunk_steps=[100], compile_seconds=0.0,
+                              train_seconds=0.0, eval_seconds=0.0)
+    baseline = {"seeds": [1, 2, 3, 4], "eval_returns": [10.0, 25.0, 35.0, 99.0], "changed_args": {}, "command": "c"}
+    out = tune.result_json(tune.ppo_breakout.Args(), [2, 3], result, 8, "command", 1.0, baseline)
+    assert out["comparison"]["mean_difference"]["value"] == pytest.approx((30 + 40 - 25 - 35) / 2)
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--num-seeds", "0"], "error: --num-seeds must be positive, got 0"),
     (["--ppo.update-epochs", "0"], "error: --update-epochs must be positive, got 0"),
     (["--num-devices", "3"], "error: --num-devices 3 is more than the 2 devices JAX has"),
-    (["--baseline", "other_seeds.json"], "error: --baseline other_seeds.json ran seeds 5-5, not 1-8"),
+    (["--baseline", "other_seeds.json"], "error: --baseline other_seeds.json has no result for seed 2"),
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, flags, message):
-    (tmp_path / "other_seeds.json").write_text(json.dumps({"seeds": [5], "eval_returns": [1.0]}))
+    (tmp_path / "other_seeds.json").write_text(json.dumps({"seeds": [1, 3], "eval_returns": [1.0, 2.0]}))
     result = run_harness(tmp_path, "--out", "out.json", *flags)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [message]
