@@ -167,16 +167,15 @@ def search_table() -> str:
              f"{report['settings']['num_seeds']} seeds each (seeds {report['settings']['first_seed']}-"
              f"{report['settings']['first_seed'] + report['settings']['num_seeds'] - 1}), "
              f"{hours:.2f} hours of trials on {report['settings']['machine']}.", "",
-             "| trial | IQM on the search's seeds | seeds ≥ 30 | flags (changes from the defaults in bold) |",
+             "| trial | IQM on the search's seeds | seeds ≥ 30 | changes from the defaults |",
              "|---:|---:|---:|---|"]
     defaults = ppo_defaults()
     rows = report["best"] + [b for b in ([_trial_row(trials[0])] if trials and trials[0]["state"] == "COMPLETE"
                                          else []) if b["number"] not in [r["number"] for r in report["best"]]]
     for row in rows:
-        flags = _bold_changes(row["params"], defaults)
-        label = f"{row['number']} (the defaults)" if row["number"] == 0 else str(row["number"])
-        lines.append(f"| {label} | {ci(row['summary']['iqm'])} | "
-                     f"{row['summary']['share_past_wall']['count']}/{row['summary']['seeds']} | {flags} |")
+        lines.append(f"| {row['number']} | {ci(row['summary']['iqm'])} | "
+                     f"{row['summary']['share_past_wall']['count']}/{row['summary']['seeds']} "
+                     f"| {_changes(row['params'], defaults)} |")
     importances = report["importances"]["values"]
     lines += ["", "| parameter | importance (PED-ANOVA) |", "|---|---:|"]
     lines += [f"| `{name}` | {value:.3f} |" for name, value in importances.items()]
@@ -187,20 +186,15 @@ def _trial_row(trial: dict) -> dict:
     return {"number": trial["number"], "params": trial["params"], "summary": stats.summarize(trial["eval_returns"])}
 
 
-def _bold_changes(params: dict, defaults) -> str:
+def _changes(params: dict, defaults) -> str:
+    """The trial's flags that differ from the script's defaults."""
     from benchmarks.search import WIDTHS, ppo_flags  # here: it starts JAX
-    parts = []
-    for name, value in params.items():
-        if name in WIDTHS:
-            continue
-        flag = ppo_flags({name: value})
-        parts.append(flag if getattr(defaults, name) == value else f"**{flag}**")
+    changed = {name: value for name, value in params.items()
+               if name not in WIDTHS and getattr(defaults, name) != value}
     widths = {w: params[w] for w in WIDTHS if w in params}
-    if widths:
-        flag = ppo_flags(widths)
-        changed = tuple(widths.values()) != tuple(defaults.hidden_sizes)
-        parts.append(f"**{flag}**" if changed else flag)
-    return " ".join(parts)
+    if widths and tuple(widths.values()) != tuple(defaults.hidden_sizes):
+        changed.update(widths)
+    return ppo_flags(changed) or "none (the defaults)"
 
 
 def speed_table() -> str:
@@ -219,8 +213,44 @@ def speed_table() -> str:
     return "\n".join(lines)
 
 
-TABLES = {"evidence": evidence_table, "search": search_table, "confirmation": confirmation_table,
-          "confirmation-commands": confirmation_commands, "speed": speed_table}
+def search_space_table() -> str:
+    report = load("search.json")
+    lines = ["| parameter | values searched | default |", "|---|---|---|"]
+    defaults = ppo_defaults()
+    for name, encoded in report["search_space"].items():
+        dist = json.loads(encoded)
+        attrs = dist["attributes"]
+        if dist["name"] == "CategoricalDistribution":
+            values = ", ".join(map(str, attrs["choices"]))
+        else:
+            step = f", step {attrs['step']}" if attrs.get("step") not in (None, 1) else ""
+            values = f"{attrs['low']} to {attrs['high']}{', log scale' if attrs.get('log') else ''}{step}"
+        if name.startswith("width_"):
+            default = defaults.hidden_sizes[int(name[-1]) - 1]
+        else:
+            default = getattr(defaults, name)
+        lines.append(f"| `{name}` | {values} | {default} |")
+    return "\n".join(lines)
+
+
+def history_tables() -> str:
+    """The hand-tuning diary's tables, as copied into history.json, under a heading per round."""
+    history = load("history.json")
+    lines = [f"Source: {history['source']}; {history['note']}."]
+    current_round = None
+    for table in sorted(history["tables"], key=lambda t: t["round"]):
+        if table["round"] != current_round:
+            current_round = table["round"]
+            lines += ["", f"### Round {current_round}: tables"]
+        lines += ["", f"{table['caption']} On {table['machine']}.", "",
+                  "| " + " | ".join(table["header"]) + " |", "|" + "|".join(table["align"]) + "|",
+                  *["| " + " | ".join(row) + " |" for row in table["rows"]]]
+    return "\n".join(lines)
+
+
+TABLES = {"evidence": evidence_table, "search": search_table, "search-space": search_space_table,
+          "confirmation": confirmation_table, "confirmation-commands": confirmation_commands,
+          "speed": speed_table, "history": history_tables}
 
 
 def with_tables(doc: str) -> str:
