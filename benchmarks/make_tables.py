@@ -137,13 +137,15 @@ def confirmation_table() -> str:
     results = [load("confirmation", f) for f in CONFIRMATION]
     if results[0]["seeds"] != results[1]["seeds"]:
         raise ValueError("the confirmation runs must share their seeds")
-    lines = ["| setting | seeds | IQM | mean | seeds ≥ 30 | seeds < 30 | lowest seed |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| setting | seeds | IQM | mean | seeds ≥ 30 | seeds < 30 | lowest seed | training time |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, result in zip(names, results):
         s = stats.summarize(result["eval_returns"])
         below = s["share_past_wall"]["of"] - s["share_past_wall"]["count"]
+        seconds = result["timing"]["train_seconds"]
         lines.append(f"| {name} | {seed_range(result['seeds'])} | {ci(s['iqm'])} | {ci(s['mean'])} "
-                     f"| {wall(result['eval_returns'])} | {below} ({below / s['seeds']:.0%}) | {s['min']:.1f} |")
+                     f"| {wall(result['eval_returns'])} | {below} ({below / s['seeds']:.0%}) | {s['min']:.1f} "
+                     f"| {seconds:.0f} s ({seconds / results[0]['timing']['train_seconds']:.2f}x) |")
     c = stats.compare(results[0]["eval_returns"], results[1]["eval_returns"])
     lines += ["", "| best setting against the defaults, same seeds | value [95% CI] |", "|---|---:|",
               f"| IQM difference | {signed_ci(c['iqm_difference'])} |",
@@ -261,12 +263,17 @@ def with_tables(doc: str) -> str:
     return re.sub(r"<!-- begin: ([\w-]+) -->\n.*?\n<!-- end: \1 -->", replace, doc, flags=re.S)
 
 
-def figures() -> None:
+def _pyplot():
     import matplotlib
     matplotlib.use("Agg")  # write files, never open a window
     import matplotlib.pyplot as plt
-
     os.makedirs(os.path.join(ROOT, FIGURES), exist_ok=True)
+    return plt
+
+
+def search_figure() -> None:
+    """docs/figures/tuning/search.png: the trials' scores, the curves the pruner saw, the importances."""
+    plt = _pyplot()
     report = load("search.json")
     fig, (ax_value, ax_curve, ax_importance) = plt.subplots(1, 3, figsize=(16, 4.5))
     best_so_far, best = [], -np.inf
@@ -281,15 +288,15 @@ def figures() -> None:
         best_so_far.append(best)
     ax_value.step(range(len(best_so_far)), best_so_far, where="post", color="C1", label="best so far")
     ax_value.set(xlabel="trial (grey lines: pruned)", ylabel="IQM of evaluation returns (95% CI)",
-                 title="Search: completed trials")
+                 title="Completed trials")
     ax_value.legend()
     for t in report["trials"]:
         if t["curve"]:
             sums, eps = np.array(t["curve"]["return_sums"]), np.array(t["curve"]["episodes"])
             curve = sums.sum(1) / np.maximum(eps.sum(1), 1)
             x = np.arange(1, len(curve) + 1) / report["settings"]["num_chunks"]
-            ax_curve.plot(x, curve, color="C0" if t["state"] == "COMPLETE" else "0.6", lw=1,
-                          zorder=2 if t["state"] == "COMPLETE" else 1)
+            complete = t["state"] == "COMPLETE"
+            ax_curve.plot(x, curve, color="C0" if complete else "0.6", lw=1, zorder=2 if complete else 1)
     ax_curve.set(xlabel="fraction of training", ylabel="training return, pooled over seeds",
                  title="What the pruner saw (grey: pruned)")
     importances = report["importances"]["values"]
@@ -299,6 +306,10 @@ def figures() -> None:
     fig.savefig(os.path.join(ROOT, FIGURES, "search.png"), dpi=80)
     plt.close(fig)
 
+
+def confirmation_figure() -> None:
+    """docs/figures/tuning/confirmation.png: both settings' pooled curves with bands, and their seeds."""
+    plt = _pyplot()
     results = [load("confirmation", f) for f in CONFIRMATION]
     fig, (ax_curve, ax_seeds) = plt.subplots(1, 2, figsize=(12, 4.5))
     for color, name, result in zip(("C0", "C1"), ("defaults", "best setting of the search"), results):
@@ -310,7 +321,7 @@ def figures() -> None:
         ax_seeds.plot(returns, 1 - np.arange(len(returns)) / len(returns), drawstyle="steps-post", color=color,
                       label=name)
     ax_curve.set(xlabel="environment steps per seed (millions)", ylabel="training return, pooled (95% band)",
-                 title=f"Confirmation on seeds {seed_range(results[0]['seeds'])}")
+                 title=f"Seeds {seed_range(results[0]['seeds'])}")
     ax_seeds.axvline(stats.FIRST_WALL, color="0.5", ls="--", lw=1)
     ax_seeds.set(xlabel="evaluation return", ylabel="share of seeds scoring at least this",
                  title="Per-seed evaluation returns (dashed: first wall)")
@@ -337,7 +348,8 @@ def main() -> None:
         return
     with open(path, "w") as f:
         f.write(new)
-    figures()
+    search_figure()
+    confirmation_figure()
 
 
 if __name__ == "__main__":

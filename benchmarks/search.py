@@ -94,6 +94,7 @@ class Args:
 
 
 def find_search_error(args: Args) -> str | None:
+    """What is wrong with the search's own arguments, before any storage is opened or made."""
     for name in ("n_trials", "num_seeds", "eval_episodes", "num_chunks", "prune_from_chunk"):
         if getattr(args, name) <= 0:
             return f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}"
@@ -135,7 +136,7 @@ def open_storage(storage: str) -> optuna.storages.RDBStorage:
 
 
 def suggest(trial: optuna.Trial, name: str, dist) -> object:
-    """trial.suggest_* for one declared distribution."""
+    """trial.suggest_* for one declared distribution (Optuna suggests by type, not from a distribution)."""
     if isinstance(dist, FloatDistribution):
         return trial.suggest_float(name, dist.low, dist.high, log=dist.log)
     if isinstance(dist, IntDistribution):
@@ -194,7 +195,7 @@ def objective(trial: optuna.Trial, args: Args) -> float:
     trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
     trial.set_user_attr("seeds", seeds)
     start = time.time()
-    curve = {"return_sums": [], "episodes": []}
+    curve = {"return_sums": [], "episodes": []}  # [chunk][seed], as far as the trial got
 
     def on_chunk(chunk, num_chunks, steps, return_sums, episodes):
         # The pruner sees the chunk's training return pooled over the seeds.
