@@ -33,7 +33,6 @@ EVIDENCE_DEFAULTS = "defaults.json"  # seeds 1-40
 EVIDENCE = [  # (harness flags, seeds)
     ("--ppo.activation relu", 40),
     ("--ppo.hidden-sizes 128 64", 16),
-    ("--ppo.hidden-sizes 48 48", 16),
     ("--ppo.gae-lambda 0.95", 16),
     ("--ppo.gae-lambda 0.85", 16),
     ("--ppo.num-minibatches 8", 16),
@@ -44,7 +43,6 @@ EVIDENCE = [  # (harness flags, seeds)
     ("--ppo.ent-coef 0.02", 16),
     ("--ppo.update-epochs 3", 16),
     ("--ppo.update-epochs 6", 16),
-    ("--ppo.clip-coef 0.1", 16),
     ("--ppo.clip-coef 0.3", 16),
 ]
 CONFIRMATION = ("defaults.json", "best.json")  # in results/confirmation, seeds 1001-1040
