@@ -1,61 +1,117 @@
-"""Tuning harness: ppo_breakout.py's training for several seeds at once, to compare settings by measurement.
+"""Tuning harness: ppo_breakout.py's training for many seeds at once, with the statistics to compare settings.
 
-All seeds train side by side under `vmap`, the whole run inside one `jit` (a `lax.scan` over iterations),
-so one compilation serves every seed. The seeds are split across the devices (on a CPU, one per core),
-as many devices as divide --num-seeds. Each seed's final policy is then evaluated on complete episodes
-with sampled actions. It prints one JSON line: the per-seed evaluation, their mean and minimum, and a
-10-point learning curve (mean return of the training episodes that ended in each tenth of training).
+The seeds are split across the devices (on a CPU, one per core); each device trains its seeds one after
+another with `lax.map`, so a seed's result does not depend on which other seeds run, on how many, or on
+the number of devices. Training runs in --num-chunks jitted chunks of iterations, the runner state
+donated from one to the next; after each chunk the progress is printed (stderr) and a curve point
+recorded. Each seed's final policy is then evaluated on complete episodes with sampled actions.
 
-It reuses ppo_breakout.py's functions, so it measures exactly that algorithm; but each seed runs on one
-device without the script's data-parallel split (whose keys also fold in the device index) and
-vmapped matmuls do not round exactly as single-seed ones, so seed k here is not `--seed k` there.
+Output (stdout, and --out): JSON with the per-seed returns, their mean and interquartile mean (IQM)
+with 95% bootstrap intervals, the share of seeds past the first wall (return >= 30), the pooled
+learning curve with a band, and with --baseline the comparison against an earlier result on the same
+seeds (differences with intervals, probability of improvement). See benchmarks/stats.py.
 
-Run:  python benchmarks/tune.py --ppo.gae-lambda 0.9 --num-seeds 4
+Seed k here is not `ppo_breakout.py --seed k`: the script splits one seed's environments over the
+devices and folds the device index into its keys. Docs: docs/tuning.md.
+
+Run:  python benchmarks/tune.py --num-seeds 8 --ppo.gae-lambda 0.95 --out lambda95.json
 """
 
 import dataclasses
+import functools
 import json
 import os
+import resource
+import shlex
 import sys
+import time
+from collections.abc import Callable
+from typing import NamedTuple
 
 num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(num_cores or 1))  # before JAX starts
 
-import gymnax
-import jax
-import jax.numpy as jnp
-import numpy as np
-import tyro
-from jax.sharding import Mesh
-from jax.sharding import PartitionSpec as P
+import gymnax  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import tyro  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 import ppo_breakout  # noqa: E402
+from benchmarks import stats  # noqa: E402
 from utils.evaluation import evaluate  # noqa: E402
 
 
 @dataclasses.dataclass
 class Args:
     ppo: ppo_breakout.Args = dataclasses.field(default_factory=ppo_breakout.Args)
-    """the settings under test (--ppo.seed and --ppo.num-devices are ignored: see --first-seed)"""
-    num_seeds: int = 4
-    """the number of seeds trained side by side"""
+    """the settings under test (--ppo.seed and --ppo.num-devices are not used: see --first-seed, --num-devices)"""
+    num_seeds: int = 8
+    """the number of seeds trained"""
     first_seed: int = 1
     """seeds first_seed, first_seed + 1, ... are trained"""
     eval_episodes: int = 128
     """complete episodes per seed in the final evaluation (sampled actions)"""
+    num_chunks: int = 10
+    """training runs in this many jitted chunks of iterations (at most one per iteration), each giving a
+    progress line and a learning-curve point; 1 runs all iterations in one call"""
+    num_devices: int = 0
+    """the number of devices the seeds are split across; 0 takes all, up to one per seed"""
+    out: str = ""
+    """also write the JSON result to this file"""
+    baseline: str = ""
+    """a result JSON of another setting that ran (at least) these seeds, to compare this one against on them"""
+    quiet: bool = False
+    """no progress lines"""
 
 
-def main() -> None:
-    args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
-    error = ppo_breakout.find_arg_error(args.ppo) or (
-        "--num-seeds and --eval-episodes must be positive" if min(args.num_seeds, args.eval_episodes) <= 0 else None)
-    if error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-    cfg = args.ppo
-    ppo_breakout.fill_runtime_fields(cfg)
+class SeedsResult(NamedTuple):
+    eval_returns: np.ndarray  # (seeds,) mean return of each seed's evaluation episodes
+    return_sums: np.ndarray  # (seeds, chunks) summed return of the training episodes ended in each chunk
+    episodes: np.ndarray  # (seeds, chunks) the number of those episodes
+    chunk_steps: list[int]  # environment steps per seed done at the end of each chunk
+    compile_seconds: float
+    train_seconds: float
+    eval_seconds: float
 
+
+def find_harness_error(args: Args) -> str | None:
+    """What is wrong with the harness's own arguments (the PPO ones are ppo_breakout's to check)."""
+    for name in ("num_seeds", "eval_episodes", "num_chunks"):
+        if getattr(args, name) <= 0:
+            return f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}"
+    if args.num_devices < 0:
+        return f"--num-devices must be 0 (all) or positive, got {args.num_devices}"
+    if args.num_devices > len(jax.devices()):
+        return f"--num-devices {args.num_devices} is more than the {len(jax.devices())} devices JAX has"
+    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        return f"--out {args.out}: its directory does not exist"
+    if args.baseline:
+        try:
+            with open(args.baseline) as f:
+                baseline = json.load(f)
+            seeds = baseline["seeds"]
+            baseline["eval_returns"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            return f"--baseline {args.baseline} is not a result of this harness: {e!r}"
+        missing = [s for s in range(args.first_seed, args.first_seed + args.num_seeds) if s not in seeds]
+        if missing:
+            return f"--baseline {args.baseline} has no result for seed {missing[0]}"
+    return None
+
+
+def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, num_chunks: int,
+                num_devices: int = 0,
+                on_chunk: Callable[[int, int, int, np.ndarray, np.ndarray], None] | None = None) -> SeedsResult:
+    """Trains and evaluates `cfg` for each seed. `cfg` must have its runtime fields filled.
+
+    After each chunk, on_chunk(chunk, num_chunks, steps_per_seed, return_sums, episodes) gets that
+    chunk's per-seed sums; an exception it raises (a pruned trial) stops training there.
+    """
     env, env_params = gymnax.make(cfg.env_id)
     network = ppo_breakout.make_network(env.action_space(env_params).n, cfg.hidden_sizes, cfg.activation)
     optimizer = ppo_breakout.make_optimizer(cfg)
@@ -66,37 +122,165 @@ def main() -> None:
         runner_key, eval_key = jax.random.split(jax.random.key(seed))
         return ppo_breakout.init_runner(runner_key, env, env_params, network, optimizer, cfg.num_envs), eval_key
 
-    def train(runner: ppo_breakout.RunnerState, eval_key: jax.Array):
-        def iteration(runner, _):
+    def train_chunk(runner: ppo_breakout.RunnerState, num_iterations: jax.Array):
+        # The iteration count is an input, so chunks of unequal length share one compiled program.
+        def iteration(_, carry):
+            runner, return_sum, episodes = carry
             runner, metrics = update_step(runner)
-            return runner, (metrics["episode_return_sum"], metrics["episodes"])
+            return runner, return_sum + metrics["episode_return_sum"], episodes + metrics["episodes"]
 
-        runner, (return_sums, episodes) = jax.lax.scan(iteration, runner, None, length=cfg.num_iterations)
-        result = evaluate(eval_key, runner.params, False, env=env, env_params=env_params,
-                          policy_apply=lambda p, o: network.apply(p, o)[0], num_episodes=args.eval_episodes,
+        return jax.lax.fori_loop(0, num_iterations, iteration,
+                                 (runner, jnp.zeros(()), jnp.zeros((), jnp.int32)))
+
+    def evaluate_seed(params, eval_key: jax.Array):
+        result = evaluate(eval_key, params, False, env=env, env_params=env_params,
+                          policy_apply=lambda p, o: network.apply(p, o)[0], num_episodes=eval_episodes,
                           max_steps=env_params.max_steps_in_episode + 1)
-        return result.returns.mean(), return_sums, episodes
+        return result.returns.mean(), result.finished.all()
 
-    seeds = jnp.arange(args.first_seed, args.first_seed + args.num_seeds)
-    # Initialised outside shard_map: the orthogonal init's batched QR (LAPACK) deadlocked jaxlib 0.10.2
-    # when two CPU devices ran it at once, each vmapped over several seeds.
-    runners, eval_keys = jax.jit(jax.vmap(init))(seeds)
-    num_devices = max(n for n in range(1, len(jax.devices()) + 1) if args.num_seeds % n == 0)
+    # The seed axis is padded to a multiple of the devices, so any seed count uses all of them; a
+    # padding seed repeats the last one and is dropped. Each device runs its seeds one at a time
+    # (lax.map, not vmap): under vmap the rollout's lax.cond becomes a select that runs the value
+    # network on every step, and unbatched runs make a seed's result independent of its neighbours.
+    num_devices = min(num_devices or len(jax.devices()), len(seeds))
+    padded = seeds + [seeds[-1]] * (-len(seeds) % num_devices)
     mesh = Mesh(np.array(jax.devices()[:num_devices]), ("seeds",))
-    # Seeds never talk to each other: no collectives, so nothing for check_vma to check.
-    train_seeds = jax.shard_map(jax.vmap(train), mesh=mesh, in_specs=P("seeds"), out_specs=P("seeds"),
-                                check_vma=False)
-    eval_returns, return_sums, episodes = map(np.asarray, jax.jit(train_seeds)(runners, eval_keys))
-    tenths = np.array_split(np.arange(cfg.num_iterations), min(10, cfg.num_iterations))
-    curve = [return_sums[:, t].sum() / max(episodes[:, t].sum(), 1) for t in tenths]
-    print(json.dumps({
-        "seeds": seeds.tolist(), "eval": [round(float(r), 2) for r in eval_returns],
-        "mean": round(float(eval_returns.mean()), 2), "min": round(float(eval_returns.min()), 2),
-        "curve": [round(float(c), 1) for c in curve],
-        "changed_args": {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
-                         if f.init and f.name not in ("seed", "num_devices")
-                         and getattr(cfg, f.name) != f.default},
-    }))
+    seed_sharding = NamedSharding(mesh, P("seeds"))
+
+    def per_device(fn, num_shared: int = 0):
+        """fn(per_seed, *shared) on every seed, each device taking its share of the seed axis of
+        per_seed in turn; the `num_shared` arguments after it are the same for all seeds."""
+        def mapped(per_seed, *shared):
+            return jax.lax.map(lambda x: fn(x, *shared), per_seed)
+        # Seeds never talk to each other: no collectives, so nothing for check_vma to check.
+        return jax.shard_map(mapped, mesh=mesh, in_specs=(P("seeds"), *[P()] * num_shared),
+                             out_specs=P("seeds"), check_vma=False)
+
+    compile_start = time.time()
+    # Initialised outside shard_map: the orthogonal init's QR (LAPACK) deadlocked jaxlib 0.10.2 when
+    # two CPU devices ran it at once.
+    runners, eval_keys = jax.device_put(jax.jit(lambda s: jax.lax.map(init, s))(jnp.array(padded)),
+                                        seed_sharding)
+    iteration_counts = [len(c) for c in np.array_split(np.arange(cfg.num_iterations),
+                                                       min(num_chunks, cfg.num_iterations))]
+    train = jax.jit(per_device(train_chunk, 1), donate_argnums=0).lower(
+        runners, jnp.int32(iteration_counts[0])).compile()
+    evaluate_all = jax.jit(per_device(lambda x: evaluate_seed(*x))).lower((runners.params, eval_keys)).compile()
+    compile_seconds = time.time() - compile_start
+
+    train_start = time.time()
+    return_sums, episodes, chunk_steps = [], [], []
+    for chunk, count in enumerate(iteration_counts):
+        runners, chunk_return_sums, chunk_episodes = train(runners, jnp.int32(count))
+        return_sums.append(np.asarray(chunk_return_sums)[:len(seeds)])
+        episodes.append(np.asarray(chunk_episodes)[:len(seeds)])
+        chunk_steps.append(sum(iteration_counts[:chunk + 1]) * cfg.batch_size)
+        if on_chunk is not None:
+            on_chunk(chunk, len(iteration_counts), chunk_steps[-1], return_sums[-1], episodes[-1])
+    train_seconds = time.time() - train_start
+
+    eval_start = time.time()
+    eval_returns, finished = (np.asarray(x)[:len(seeds)] for x in evaluate_all((runners.params, eval_keys)))
+    assert finished.all(), "an evaluation episode outran the environment's time limit"
+    return SeedsResult(eval_returns=eval_returns, return_sums=np.stack(return_sums, axis=1),
+                       episodes=np.stack(episodes, axis=1), chunk_steps=chunk_steps,
+                       compile_seconds=compile_seconds, train_seconds=train_seconds,
+                       eval_seconds=time.time() - eval_start)
+
+
+def changed_args(cfg: ppo_breakout.Args) -> dict:
+    """The PPO arguments that differ from the script's defaults (the harness picks seeds and devices)."""
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
+            if f.init and f.name not in ("seed", "num_devices", "jax_cache_dir")
+            and getattr(cfg, f.name) != (f.default_factory() if f.default is dataclasses.MISSING else f.default)}
+
+
+def machine() -> str:
+    """The CPU model and family as lscpu names them (from /proc/cpuinfo), or JAX's device kind."""
+    info = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                info.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    cpu = f"{info.get('model name', 'unknown CPU')}, CPU family {info.get('cpu family', '?')}, {num_cores} cores"
+    device = jax.devices()[0]
+    return cpu if device.platform == "cpu" else f"{device.device_kind} x {len(jax.devices())} ({cpu})"
+
+
+def result_json(cfg: ppo_breakout.Args, seeds: list[int], result: SeedsResult, eval_episodes: int,
+                command: str, wall_seconds: float, baseline: dict | None = None) -> dict:
+    """The harness's output: the raw per-seed numbers, then what benchmarks/stats.py makes of them."""
+    out = {
+        "command": command,
+        "changed_args": changed_args(cfg),
+        "ppo_args": {k: v for k, v in vars(cfg).items() if k not in ("seed", "num_devices", "jax_cache_dir")},
+        "seeds": seeds,
+        "eval_episodes": eval_episodes,
+        "eval_returns": [float(r) for r in result.eval_returns],
+        "curve": {"steps": result.chunk_steps, "return_sums": result.return_sums.tolist(),
+                  "episodes": result.episodes.tolist()},
+        "summary": stats.summarize(result.eval_returns),
+        "pooled_curve": stats.pooled_curve(result.return_sums, result.episodes),
+        "timing": {"compile_seconds": result.compile_seconds, "train_seconds": result.train_seconds,
+                   "eval_seconds": result.eval_seconds, "wall_seconds": wall_seconds,
+                   "peak_memory_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+                   "machine": machine(), "devices": len(jax.devices())},
+    }
+    if baseline is not None:  # on this run's seeds: a seed's result does not depend on the others run
+        by_seed = dict(zip(baseline["seeds"], baseline["eval_returns"]))
+        out["comparison"] = {"baseline": baseline["changed_args"], "baseline_command": baseline["command"],
+                             **stats.compare([by_seed[s] for s in seeds], result.eval_returns)}
+    return out
+
+
+def print_progress(chunk: int, num_chunks: int, steps: int, return_sums: np.ndarray, episodes: np.ndarray,
+                   start: float, total_steps: int) -> None:
+    """One line per chunk: how far training is, the time since the start, and the chunk's training return."""
+    per_seed = return_sums / np.maximum(episodes, 1)
+    print(f"chunk {chunk + 1:>2}/{num_chunks} | {steps:>9,} of {total_steps:,} steps per seed | "
+          f"{time.time() - start:6.1f} s | training return {return_sums.sum() / max(episodes.sum(), 1):5.1f} "
+          f"(IQM of seeds {stats.iqm(per_seed):5.1f})", file=sys.stderr, flush=True)
+
+
+def main() -> None:
+    wall_start = time.time()
+    args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
+    error = ppo_breakout.find_arg_error(args.ppo) or find_harness_error(args)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    cfg = ppo_breakout.fill_runtime_fields(args.ppo)
+    if cfg.jax_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cfg.jax_cache_dir))
+    baseline = None
+    if args.baseline:
+        with open(args.baseline) as f:
+            baseline = json.load(f)
+
+    seeds = list(range(args.first_seed, args.first_seed + args.num_seeds))
+    progress = None if args.quiet else functools.partial(
+        print_progress, start=wall_start, total_steps=cfg.num_iterations * cfg.batch_size)
+    if not args.quiet:
+        print(f"{cfg.env_id}: {len(seeds)} seeds x {cfg.num_iterations} iterations of {cfg.batch_size} steps",
+              file=sys.stderr, flush=True)
+    result = train_seeds(cfg, seeds, args.eval_episodes, args.num_chunks, args.num_devices, on_chunk=progress)
+    command = shlex.join(["python", "benchmarks/tune.py", *sys.argv[1:]])
+    out = result_json(cfg, seeds, result, args.eval_episodes, command, time.time() - wall_start, baseline)
+    text = json.dumps(out, indent=1)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    s = out["summary"]
+    if not args.quiet:
+        print(f"eval return over {len(seeds)} seeds: IQM {s['iqm']['value']:.2f} "
+              f"[{s['iqm']['ci'][0]:.2f}, {s['iqm']['ci'][1]:.2f}], mean {s['mean']['value']:.2f}, "
+              f"{s['share_past_wall']['count']}/{len(seeds)} seeds >= 30; "
+              f"compile {result.compile_seconds:.1f} s, train {result.train_seconds:.1f} s",
+              file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

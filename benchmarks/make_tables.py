@@ -1,0 +1,354 @@
+"""Writes docs/tuning.md's tables and figures from the committed JSON in benchmarks/results/.
+
+Each table sits in docs/tuning.md between `<!-- begin: NAME -->` and `<!-- end: NAME -->` lines and is
+replaced whole; the text around it is left alone. Every statistic is recomputed from the per-seed
+returns with benchmarks/stats.py (fixed resampling seeds), so a rerun gives the same digits.
+
+Run:  python benchmarks/make_tables.py            # rewrite the tables and the figures
+      python benchmarks/make_tables.py --check    # exit 1 if a table in the docs is stale
+      python benchmarks/make_tables.py --commands # the harness commands behind every result file
+"""
+
+import dataclasses
+import json
+import os
+import re
+import sys
+
+import numpy as np
+import tyro
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from benchmarks import stats  # noqa: E402
+
+RESULTS = os.path.join("benchmarks", "results")
+DOC = os.path.join("docs", "tuning.md")
+FIGURES = os.path.join("docs", "figures", "tuning")
+THIS = "python benchmarks/make_tables.py"
+
+# The evidence for each default: one alternative value per row, on seeds 1-N, against the defaults
+# on the same seeds (defaults.json holds seeds 1-40; a seed's result does not depend on the others).
+EVIDENCE_DEFAULTS = "defaults.json"  # seeds 1-40
+EVIDENCE = [  # (harness flags, seeds)
+    ("--ppo.activation relu", 40),
+    ("--ppo.hidden-sizes 128 64", 16),
+    ("--ppo.gae-lambda 0.95", 16),
+    ("--ppo.gae-lambda 0.85", 16),
+    ("--ppo.num-minibatches 8", 16),
+    ("--ppo.num-minibatches 32", 16),
+    ("--ppo.learning-rate 0.003", 16),
+    ("--ppo.learning-rate 0.0075", 16),
+    ("--ppo.ent-coef 0.005", 16),
+    ("--ppo.ent-coef 0.02", 16),
+    ("--ppo.update-epochs 3", 16),
+    ("--ppo.update-epochs 6", 16),
+    ("--ppo.clip-coef 0.3", 16),
+]
+CONFIRMATION = ("defaults.json", "best.json")  # in results/confirmation, seeds 1001-1040
+
+
+@dataclasses.dataclass
+class Args:
+    check: bool = False
+    """write nothing; exit 1 if a generated table in docs/tuning.md differs from the committed JSON's"""
+    commands: bool = False
+    """print the harness command behind each evidence file, and exit"""
+
+
+def evidence_file(flags: str) -> str:
+    """gae_lambda_0.95.json for '--ppo.gae-lambda 0.95'."""
+    return "_".join(part.removeprefix("--ppo.").replace("-", "_") for part in flags.split()) + ".json"
+
+
+def evidence_commands() -> list[str]:
+    """The harness commands that write the evidence files, the defaults first."""
+    out = os.path.join(RESULTS, "evidence")
+    return [f"python benchmarks/tune.py --num-seeds 40 --out {os.path.join(out, EVIDENCE_DEFAULTS)}"] + [
+        f"python benchmarks/tune.py --num-seeds {n} {flags} --out {os.path.join(out, evidence_file(flags))}"
+        for flags, n in EVIDENCE]
+
+
+def load(*parts: str) -> dict:
+    with open(os.path.join(ROOT, RESULTS, *parts)) as f:
+        return json.load(f)
+
+
+def ci(x: dict, fmt: str = "{:.1f}") -> str:
+    return f"{fmt.format(x['value'])} [{fmt.format(x['ci'][0])}, {fmt.format(x['ci'][1])}]"
+
+
+def signed_ci(x: dict) -> str:
+    return f"{x['value']:+.1f} [{x['ci'][0]:+.1f}, {x['ci'][1]:+.1f}]"
+
+
+def wall(returns) -> str:
+    share = stats.share_past_wall(returns)
+    return f"{share['count']}/{share['of']}"
+
+
+def on_seeds(result: dict, seeds: list[int]) -> np.ndarray:
+    """result's per-seed returns on `seeds`, in that order."""
+    index = {seed: i for i, seed in enumerate(result["seeds"])}
+    missing = [s for s in seeds if s not in index]
+    if missing:
+        raise ValueError(f"the defaults were not run on seeds {missing}")
+    return np.array([result["eval_returns"][index[s]] for s in seeds])
+
+
+def seed_range(seeds: list[int]) -> str:
+    return f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ", ".join(map(str, seeds))
+
+
+def evidence_table() -> str:
+    defaults = load("evidence", EVIDENCE_DEFAULTS)
+    summary = stats.summarize(defaults["eval_returns"])
+    lines = [
+        "| default | alternative | seeds | IQM of the alternative | IQM difference | mean difference "
+        "| P(alternative > default) | seeds ≥ 30, alternative vs default |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+        f"| all defaults | — | {seed_range(defaults['seeds'])} | {ci(summary['iqm'])} (defaults) | | | "
+        f"| {wall(defaults['eval_returns'])} |",
+    ]
+    for flags, _ in EVIDENCE:
+        result = load("evidence", evidence_file(flags))
+        (name, value), = result["changed_args"].items()
+        default = getattr(ppo_defaults(), name)
+        baseline = on_seeds(defaults, result["seeds"])
+        c = stats.compare(baseline, result["eval_returns"])
+        show = lambda v: " ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)  # noqa: E731
+        lines.append(
+            f"| `{name}` {show(default)} | {show(value)} | {seed_range(result['seeds'])} "
+            f"| {ci(stats.summarize(result['eval_returns'])['iqm'])} | {signed_ci(c['iqm_difference'])} "
+            f"| {signed_ci(c['mean_difference'])} | {ci(c['probability_of_improvement'], '{:.2f}')} "
+            f"| {wall(result['eval_returns'])} vs {wall(baseline)} |")
+    return "\n".join(lines)
+
+
+def ppo_defaults():
+    import ppo_breakout  # here, not at the top: it starts JAX, which --commands does not need
+    return ppo_breakout.Args()
+
+
+def confirmation_table() -> str:
+    names = ("defaults", "best setting of the search")
+    results = [load("confirmation", f) for f in CONFIRMATION]
+    if results[0]["seeds"] != results[1]["seeds"]:
+        raise ValueError("the confirmation runs must share their seeds")
+    lines = ["| setting | seeds | IQM | mean | seeds ≥ 30 | seeds < 30 | lowest seed | training time |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, result in zip(names, results):
+        s = stats.summarize(result["eval_returns"])
+        below = s["share_past_wall"]["of"] - s["share_past_wall"]["count"]
+        seconds = result["timing"]["train_seconds"]
+        lines.append(f"| {name} | {seed_range(result['seeds'])} | {ci(s['iqm'])} | {ci(s['mean'])} "
+                     f"| {wall(result['eval_returns'])} | {below} ({below / s['seeds']:.0%}) | {s['min']:.1f} "
+                     f"| {seconds:.0f} s ({seconds / results[0]['timing']['train_seconds']:.2f}x) |")
+    c = stats.compare(results[0]["eval_returns"], results[1]["eval_returns"])
+    lines += ["", "| best setting against the defaults, same seeds | value [95% CI] |", "|---|---:|",
+              f"| IQM difference | {signed_ci(c['iqm_difference'])} |",
+              f"| mean difference | {signed_ci(c['mean_difference'])} |",
+              f"| probability of improvement | {ci(c['probability_of_improvement'], '{:.2f}')} |"]
+    return "\n".join(lines)
+
+
+def confirmation_commands() -> str:
+    results = [load("confirmation", f) for f in CONFIRMATION]
+    return "\n".join(["```bash", *[r["command"] for r in results], "```"])
+
+
+def search_table() -> str:
+    report = load("search.json")
+    trials = report["trials"]
+    complete = [t for t in trials if t["state"] == "COMPLETE"]
+    pruned = [t for t in trials if t["state"] == "PRUNED"]
+    hours = sum(t["seconds"] or 0 for t in trials) / 3600
+    lines = [f"{len(trials)} trials ({len(complete)} completed, {len(pruned)} pruned), "
+             f"{report['settings']['num_seeds']} seeds each (seeds {report['settings']['first_seed']}-"
+             f"{report['settings']['first_seed'] + report['settings']['num_seeds'] - 1}), "
+             f"{hours:.2f} hours of trials on {report['settings']['machine']}.", "",
+             "| trial | IQM on the search's seeds | seeds ≥ 30 | changes from the defaults |",
+             "|---:|---:|---:|---|"]
+    defaults = ppo_defaults()
+    rows = report["best"] + [b for b in ([_trial_row(trials[0])] if trials and trials[0]["state"] == "COMPLETE"
+                                         else []) if b["number"] not in [r["number"] for r in report["best"]]]
+    for row in rows:
+        lines.append(f"| {row['number']} | {ci(row['summary']['iqm'])} | "
+                     f"{row['summary']['share_past_wall']['count']}/{row['summary']['seeds']} "
+                     f"| {_changes(row['params'], defaults)} |")
+    importances = report["importances"]["values"]
+    lines += ["", "| parameter | importance (PED-ANOVA) |", "|---|---:|"]
+    lines += [f"| `{name}` | {value:.3f} |" for name, value in importances.items()]
+    return "\n".join(lines)
+
+
+def _trial_row(trial: dict) -> dict:
+    return {"number": trial["number"], "params": trial["params"], "summary": stats.summarize(trial["eval_returns"])}
+
+
+def _changes(params: dict, defaults) -> str:
+    """The trial's flags that differ from the script's defaults."""
+    from benchmarks.search import WIDTHS, ppo_flags  # here: it starts JAX
+    changed = {name: value for name, value in params.items()
+               if name not in WIDTHS and getattr(defaults, name) != value}
+    widths = {w: params[w] for w in WIDTHS if w in params}
+    if widths and tuple(widths.values()) != tuple(defaults.hidden_sizes):
+        changed.update(widths)
+    return ppo_flags(changed) or "none (the defaults)"
+
+
+def speed_table() -> str:
+    report = load("harness_speed.json")
+    n = report["num_seeds"]
+    lines = [f"Measured on {report['machine']}; `{report['command']}`.", "",
+             f"| round | cache | harness, {n} seeds: wall s | peak GB | {n} script runs: wall s (sum) "
+             f"| peak GB (largest) | ratio | harness training time, {report['num_chunks']} chunks / 1 chunk |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for i, r in enumerate(report["rounds"]):
+        script_wall = sum(s["wall_seconds"] for s in r["script"])
+        lines.append(f"| {i + 1} | {'cold' if i == 0 else 'warm'} | {r['harness']['wall_seconds']:.1f} "
+                     f"| {r['harness']['peak_memory_gb']:.2f} | {script_wall:.1f} "
+                     f"| {max(s['peak_memory_gb'] for s in r['script']):.2f} | {r['ratio']:.2f} "
+                     f"| {r['one_chunk_train_ratio']:.3f} |")
+    return "\n".join(lines)
+
+
+def search_space_table() -> str:
+    report = load("search.json")
+    lines = ["| parameter | values searched | default |", "|---|---|---|"]
+    defaults = ppo_defaults()
+    for name, encoded in report["search_space"].items():
+        dist = json.loads(encoded)
+        attrs = dist["attributes"]
+        if dist["name"] == "CategoricalDistribution":
+            values = ", ".join(map(str, attrs["choices"]))
+        else:
+            step = f", step {attrs['step']}" if attrs.get("step") not in (None, 1) else ""
+            values = f"{attrs['low']} to {attrs['high']}{', log scale' if attrs.get('log') else ''}{step}"
+        if name.startswith("width_"):
+            default = defaults.hidden_sizes[int(name[-1]) - 1]
+        else:
+            default = getattr(defaults, name)
+        lines.append(f"| `{name}` | {values} | {default} |")
+    return "\n".join(lines)
+
+
+def history_tables() -> str:
+    """The hand-tuning diary's tables, as copied into history.json, under a heading per round."""
+    history = load("history.json")
+    lines = [f"Source: {history['source']}; {history['note']}."]
+    current_round = None
+    for table in sorted(history["tables"], key=lambda t: t["round"]):
+        if table["round"] != current_round:
+            current_round = table["round"]
+            lines += ["", f"### Round {current_round}: tables"]
+        lines += ["", f"{table['caption']} On {table['machine']}.", "",
+                  "| " + " | ".join(table["header"]) + " |", "|" + "|".join(table["align"]) + "|",
+                  *["| " + " | ".join(row) + " |" for row in table["rows"]]]
+    return "\n".join(lines)
+
+
+TABLES = {"evidence": evidence_table, "search": search_table, "search-space": search_space_table,
+          "confirmation": confirmation_table, "confirmation-commands": confirmation_commands,
+          "speed": speed_table, "history": history_tables}
+
+
+def with_tables(doc: str) -> str:
+    """doc with every marked block replaced by its freshly generated table."""
+    def replace(match):
+        name = match.group(1)
+        return f"<!-- begin: {name} -->\n{TABLES[name]()}\n<!-- end: {name} -->"
+    return re.sub(r"<!-- begin: ([\w-]+) -->\n.*?\n<!-- end: \1 -->", replace, doc, flags=re.S)
+
+
+def _pyplot():
+    import matplotlib
+    matplotlib.use("Agg")  # write files, never open a window
+    import matplotlib.pyplot as plt
+    os.makedirs(os.path.join(ROOT, FIGURES), exist_ok=True)
+    return plt
+
+
+def search_figure() -> None:
+    """docs/figures/tuning/search.png: the trials' scores, the curves the pruner saw, the importances."""
+    plt = _pyplot()
+    report = load("search.json")
+    fig, (ax_value, ax_curve, ax_importance) = plt.subplots(1, 3, figsize=(16, 4.5))
+    best_so_far, best = [], -np.inf
+    for t in report["trials"]:
+        if t["state"] == "COMPLETE":
+            s = stats.summarize(t["eval_returns"])["iqm"]
+            ax_value.errorbar(t["number"], s["value"], yerr=[[s["value"] - s["ci"][0]], [s["ci"][1] - s["value"]]],
+                              fmt="o", color="C0", capsize=2)
+            best = max(best, t["value"])
+        elif t["state"] == "PRUNED":
+            ax_value.axvline(t["number"], color="0.85", zorder=0)
+        best_so_far.append(best)
+    ax_value.step(range(len(best_so_far)), best_so_far, where="post", color="C1", label="best so far")
+    ax_value.set(xlabel="trial (grey lines: pruned)", ylabel="IQM of evaluation returns (95% CI)",
+                 title="Completed trials")
+    ax_value.legend()
+    for t in report["trials"]:
+        if t["curve"]:
+            sums, eps = np.array(t["curve"]["return_sums"]), np.array(t["curve"]["episodes"])
+            curve = sums.sum(1) / np.maximum(eps.sum(1), 1)
+            x = np.arange(1, len(curve) + 1) / report["settings"]["num_chunks"]
+            complete = t["state"] == "COMPLETE"
+            ax_curve.plot(x, curve, color="C0" if complete else "0.6", lw=1, zorder=2 if complete else 1)
+    ax_curve.set(xlabel="fraction of training", ylabel="training return, pooled over seeds",
+                 title="What the pruner saw (grey: pruned)")
+    importances = report["importances"]["values"]
+    ax_importance.barh(list(importances)[::-1], list(importances.values())[::-1])
+    ax_importance.set(xlabel="importance (PED-ANOVA)", title="Parameter importances")
+    fig.tight_layout()
+    fig.savefig(os.path.join(ROOT, FIGURES, "search.png"), dpi=80)
+    plt.close(fig)
+
+
+def confirmation_figure() -> None:
+    """docs/figures/tuning/confirmation.png: both settings' pooled curves with bands, and their seeds."""
+    plt = _pyplot()
+    results = [load("confirmation", f) for f in CONFIRMATION]
+    fig, (ax_curve, ax_seeds) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for color, name, result in zip(("C0", "C1"), ("defaults", "best setting of the search"), results):
+        band = stats.pooled_curve(result["curve"]["return_sums"], result["curve"]["episodes"])
+        steps = np.array(result["curve"]["steps"]) / 1e6
+        ax_curve.plot(steps, band["return"], color=color, label=name)
+        ax_curve.fill_between(steps, band["low"], band["high"], color=color, alpha=0.25)
+        returns = np.sort(result["eval_returns"])
+        ax_seeds.plot(returns, 1 - np.arange(len(returns)) / len(returns), drawstyle="steps-post", color=color,
+                      label=name)
+    ax_curve.set(xlabel="environment steps per seed (millions)", ylabel="training return, pooled (95% band)",
+                 title=f"Seeds {seed_range(results[0]['seeds'])}")
+    ax_seeds.axvline(stats.FIRST_WALL, color="0.5", ls="--", lw=1)
+    ax_seeds.set(xlabel="evaluation return", ylabel="share of seeds scoring at least this",
+                 title="Per-seed evaluation returns (dashed: first wall)")
+    for ax in (ax_curve, ax_seeds):
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(ROOT, FIGURES, "confirmation.png"), dpi=80)
+    plt.close(fig)
+
+
+def main() -> None:
+    args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
+    if args.commands:
+        print("\n".join(evidence_commands()))
+        return
+    path = os.path.join(ROOT, DOC)
+    with open(path) as f:
+        doc = f.read()
+    new = with_tables(doc)
+    if args.check:
+        if new != doc:
+            print(f"error: tables in {DOC} differ from the committed JSON; run {THIS}", file=sys.stderr)
+            sys.exit(1)
+        return
+    with open(path, "w") as f:
+        f.write(new)
+    search_figure()
+    confirmation_figure()
+
+
+if __name__ == "__main__":
+    main()

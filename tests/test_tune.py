@@ -1,0 +1,152 @@
+"""benchmarks/tune.py and benchmarks/stats.py: the harness run as a user runs it, seeds that do not depend
+on their neighbours, and intervals that cover what they claim to."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from benchmarks import stats, tune
+
+TUNE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "tune.py")
+TINY = ["--ppo.total-timesteps", "4096", "--ppo.num-envs", "16", "--ppo.num-steps", "128",
+        "--ppo.num-minibatches", "4", "--ppo.update-epochs", "1", "--eval-episodes", "8"]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    """One compilation cache for this module's runs: the second run of a setting loads its programs."""
+    return str(tmp_path_factory.mktemp("jax_cache"))
+
+
+def run_harness(cwd, *flags):
+    return subprocess.run([sys.executable, TUNE, *TINY, *flags], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path, cache_dir):
+    first = run_harness(tmp_path, "--num-seeds", "3", "--num-chunks", "2", "--out", "a.json",
+                        "--ppo.jax-cache-dir", cache_dir)
+    assert first.returncode == 0, first.stderr
+    result = json.loads((tmp_path / "a.json").read_text())
+    assert json.loads(first.stdout) == result
+    assert "chunk  1/2" in first.stderr and "chunk  2/2" in first.stderr  # progress, chunk by chunk
+
+    returns = np.array(result["eval_returns"])
+    assert result["seeds"] == [1, 2, 3] and returns.shape == (3,)
+    assert result["changed_args"] == {"total_timesteps": 4096, "num_envs": 16, "num_minibatches": 4,
+                                      "update_epochs": 1}
+    assert result["curve"]["steps"] == [2048, 4096]
+    assert np.array(result["curve"]["return_sums"]).shape == np.array(result["curve"]["episodes"]).shape == (3, 2)
+    summary = result["summary"]
+    assert summary["mean"]["value"] == pytest.approx(returns.mean())
+    assert summary["iqm"]["value"] == pytest.approx(stats.iqm(returns))
+    for name in ("mean", "iqm"):
+        low, high = summary[name]["ci"]
+        assert low <= summary[name]["value"] <= high
+    assert summary["share_past_wall"]["count"] == int((returns >= 30).sum())
+    assert len(result["pooled_curve"]["return"]) == 2
+    assert result["timing"]["peak_memory_gb"] > 0 and "CPU family" in result["timing"]["machine"]
+
+    # The same setting on the same seeds again, against the first run: identical returns, so the
+    # differences are 0 and a run of either is as likely to be the better one.
+    second = run_harness(tmp_path, "--num-seeds", "3", "--num-chunks", "2", "--baseline", "a.json", "--quiet",
+                         "--ppo.jax-cache-dir", cache_dir)
+    assert second.returncode == 0, second.stderr
+    assert second.stderr == ""  # --quiet
+    again = json.loads(second.stdout)
+    assert again["eval_returns"] == result["eval_returns"]
+    comparison = again["comparison"]
+    assert comparison["iqm_difference"] == {"value": 0.0, "ci": [0.0, 0.0]}
+    assert comparison["probability_of_improvement"]["value"] == 0.5
+
+
+def test_a_baseline_is_compared_on_this_runs_seeds_only():
+    result = tune.SeedsResult(eval_returns=np.array([30.0, 40.0]), return_sums=np.ones((2, 1)),
+                              episodes=np.ones((2, 1), int), chunk_steps=[100], compile_seconds=0.0,
+                              train_seconds=0.0, eval_seconds=0.0)
+    baseline = {"seeds": [1, 2, 3, 4], "eval_returns": [10.0, 25.0, 35.0, 99.0], "changed_args": {}, "command": "c"}
+    out = tune.result_json(tune.ppo_breakout.Args(), [2, 3], result, 8, "command", 1.0, baseline)
+    assert out["comparison"]["mean_difference"]["value"] == pytest.approx((30 + 40 - 25 - 35) / 2)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--num-seeds", "0"], "error: --num-seeds must be positive, got 0"),
+    (["--ppo.update-epochs", "0"], "error: --update-epochs must be positive, got 0"),
+    (["--num-devices", "3"], "error: --num-devices 3 is more than the 2 devices JAX has"),
+    (["--baseline", "other_seeds.json"], "error: --baseline other_seeds.json has no result for seed 2"),
+])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, flags, message):
+    (tmp_path / "other_seeds.json").write_text(json.dumps({"seeds": [1, 3], "eval_returns": [1.0, 2.0]}))
+    result = run_harness(tmp_path, "--out", "out.json", *flags)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [message]
+    assert result.stdout == ""
+    assert sorted(os.listdir(tmp_path)) == ["other_seeds.json"]
+
+
+def test_a_seed_trains_the_same_beside_any_seeds_on_any_number_of_devices():
+    cfg = tune.ppo_breakout.fill_runtime_fields(tune.ppo_breakout.Args(
+        total_timesteps=4096, num_envs=16, num_steps=128, num_minibatches=4, update_epochs=1))
+    # Seeds 1-3 on two devices (one padding seed) against seed 2 alone on one device.
+    together = tune.train_seeds(cfg, [1, 2, 3], eval_episodes=8, num_chunks=2, num_devices=2)
+    alone = tune.train_seeds(cfg, [2], eval_episodes=8, num_chunks=2, num_devices=1)
+    assert together.eval_returns.shape == (3,)
+    np.testing.assert_array_equal(together.eval_returns[1:2], alone.eval_returns)
+    np.testing.assert_array_equal(together.return_sums[1:2], alone.return_sums)
+    np.testing.assert_array_equal(together.episodes[1:2], alone.episodes)
+    assert not np.array_equal(together.return_sums[0], together.return_sums[1])  # the seeds do differ
+
+
+# ---------------------------------------------------------------------------------------------------
+# Statistics
+# ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("statistic", [stats.mean, stats.iqm])
+def test_bootstrap_interval_covers_the_truth_about_95_percent_of_draws_and_narrows_with_seeds(statistic):
+    rng = np.random.default_rng(0)
+    # 1000 draws of 40 seeds from a normal distribution, whose mean and IQM are both 35.
+    low, high = stats.bootstrap_ci(rng.normal(35, 10, (1000, 40)), statistic, n_resamples=2000).T
+    assert 0.92 <= ((low <= 35) & (35 <= high)).mean() <= 0.975
+    widths = [np.diff(stats.bootstrap_ci(rng.normal(35, 10, (300, n)), statistic, n_resamples=2000)).mean()
+              for n in (10, 40)]
+    assert 0.4 <= widths[1] / widths[0] <= 0.6  # the 1/sqrt(n) of a standard error
+
+
+def test_identical_settings_give_a_probability_of_improvement_near_half():
+    rng = np.random.default_rng(1)
+    draws = [stats.compare(rng.normal(35, 10, 40), rng.normal(35, 10, 40), n_resamples=1000)
+             for _ in range(100)]
+    values = np.array([d["probability_of_improvement"]["value"] for d in draws])
+    assert abs(values.mean() - 0.5) < 0.02
+    covered = [d["probability_of_improvement"]["ci"][0] <= 0.5 <= d["probability_of_improvement"]["ci"][1]
+               for d in draws]
+    assert np.mean(covered) >= 0.9
+
+    returns = rng.normal(35, 10, 16)
+    same = stats.compare(returns, returns)
+    assert same["probability_of_improvement"]["value"] == 0.5
+    assert same["mean_difference"] == same["iqm_difference"] == {"value": 0.0, "ci": [0.0, 0.0]}
+
+
+def test_comparison_pairs_seeds_and_counts_every_pair_of_runs():
+    baseline = np.array([20.0, 25.0, 30.0, 60.0])
+    shifted = stats.compare(baseline, baseline + 5)  # every seed 5 better: the paired interval is exactly 5
+    assert shifted["mean_difference"] == shifted["iqm_difference"] == {"value": 5.0, "ci": [5.0, 5.0]}
+    # Of the 16 pairs (candidate run, baseline run) the candidate wins 10 and ties 2: (10 + 2 / 2) / 16.
+    assert shifted["probability_of_improvement"]["value"] == pytest.approx(11 / 16)
+    with pytest.raises(ValueError):
+        stats.compare(baseline, baseline[:3])
+
+
+def test_share_past_the_wall_and_the_pooled_curve():
+    share = stats.share_past_wall([29.9, 30.0, 45.0, 12.0])
+    assert (share["count"], share["of"], share["value"]) == (2, 4, 0.5)
+    assert share["ci"][0] < 0.5 < share["ci"][1]
+    return_sums = np.array([[10.0, 40.0], [60.0, 80.0]])  # 2 seeds x 2 points
+    episodes = np.array([[1, 2], [3, 6]])
+    curve = stats.pooled_curve(return_sums, episodes, n_resamples=500)
+    np.testing.assert_allclose(curve["return"], [70 / 4, 120 / 8])  # pooled episodes, not a mean of ratios
+    assert all(lo <= r <= hi for lo, r, hi in zip(curve["low"], curve["return"], curve["high"]))
