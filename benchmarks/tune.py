@@ -17,6 +17,7 @@ devices and folds the device index into its keys. Docs: docs/tuning.md.
 Run:  python benchmarks/tune.py --num-seeds 8 --ppo.gae-lambda 0.95 --out lambda95.json
 """
 
+import copy
 import dataclasses
 import functools
 import json
@@ -31,7 +32,6 @@ from typing import NamedTuple
 num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(num_cores or 1))  # before JAX starts
 
-import gymnax  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
@@ -112,7 +112,10 @@ def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, nu
     After each chunk, on_chunk(chunk, num_chunks, steps_per_seed, return_sums, episodes) gets that
     chunk's per-seed sums; an exception it raises (a pruned trial) stops training there.
     """
-    env, env_params = gymnax.make(cfg.env_id)
+    cfg = copy.copy(cfg)
+    cfg.diagnostics = False  # the harness reads the returns only
+    # The training protocol (--ppo.sticky-action-prob) holds for the evaluation too.
+    env, env_params = ppo_breakout.make_env(cfg.env_id, cfg.sticky_action_prob)
     network = ppo_breakout.make_network(env.action_space(env_params).n, cfg.hidden_sizes, cfg.activation)
     optimizer = ppo_breakout.make_optimizer(cfg)
     update_step = ppo_breakout.make_update_step(cfg, env, env_params, network, optimizer)
@@ -135,7 +138,7 @@ def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, nu
     def evaluate_seed(params, eval_key: jax.Array):
         result = evaluate(eval_key, params, False, env=env, env_params=env_params,
                           policy_apply=lambda p, o: network.apply(p, o)[0], num_episodes=eval_episodes,
-                          max_steps=env_params.max_steps_in_episode + 1)
+                          max_steps=env_params.env_params.max_steps_in_episode + 1)
         return result.returns.mean(), result.finished.all()
 
     # The seed axis is padded to a multiple of the devices, so any seed count uses all of them; a
