@@ -99,7 +99,7 @@ def test_every_searched_parameter_is_a_field_of_the_script():
 
 @pytest.mark.parametrize("flags, message", [
     (["--fixed", "num_envs", "warp_drive"], "error: --fixed warp_drive: not in the search space"),
-    (["--ppo.clip-coef", "0"], "error: --clip-coef must be positive, got 0"),
+    (["--ppo.clip-coef", "0"], "error: --clip-coef must be in (0, 1], got 0.0"),
     (["--storage", "{tmp}"], "error: --storage {tmp} is a directory, not a file"),
     (["--storage", "sqlite://:bad:url"], "error: --storage sqlite://:bad:url is not a database URL"),
 ])
