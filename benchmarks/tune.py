@@ -67,6 +67,9 @@ class Args:
     """a result JSON of another setting that ran (at least) these seeds, to compare this one against on them"""
     quiet: bool = False
     """no progress lines"""
+    stability: bool = False
+    """also record, per seed over all of training, what loss_stability.py is about: the largest logit
+    gap, the log-ratio's range, and whether any loss, gradient norm or parameter went non-finite"""
 
 
 class SeedsResult(NamedTuple):
@@ -77,6 +80,7 @@ class SeedsResult(NamedTuple):
     compile_seconds: float
     train_seconds: float
     eval_seconds: float
+    stability: dict | None = None  # per seed: logit_gap_max, log_ratio_min, log_ratio_max, non_finite
 
 
 def find_harness_error(args: Args) -> str | None:
@@ -106,14 +110,15 @@ def find_harness_error(args: Args) -> str | None:
 
 def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, num_chunks: int,
                 num_devices: int = 0,
-                on_chunk: Callable[[int, int, int, np.ndarray, np.ndarray], None] | None = None) -> SeedsResult:
+                on_chunk: Callable[[int, int, int, np.ndarray, np.ndarray], None] | None = None,
+                stability: bool = False) -> SeedsResult:
     """Trains and evaluates `cfg` for each seed. `cfg` must have its runtime fields filled.
 
     After each chunk, on_chunk(chunk, num_chunks, steps_per_seed, return_sums, episodes) gets that
     chunk's per-seed sums; an exception it raises (a pruned trial) stops training there.
     """
     cfg = copy.copy(cfg)
-    cfg.diagnostics = False  # the harness reads the returns only
+    cfg.diagnostics = stability  # the logit gap and the log-ratio's range come with the diagnostics
     # The training protocol (--ppo.sticky-action-prob) holds for the evaluation too.
     env, env_params = ppo_breakout.make_env(cfg.env_id, cfg.sticky_action_prob)
     network = ppo_breakout.make_network(env.action_space(env_params).n, cfg.hidden_sizes, cfg.activation)
@@ -128,12 +133,17 @@ def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, nu
     def train_chunk(runner: ppo_breakout.RunnerState, num_iterations: jax.Array):
         # The iteration count is an input, so chunks of unequal length share one compiled program.
         def iteration(_, carry):
-            runner, return_sum, episodes = carry
+            runner, return_sum, episodes, extremes = carry
             runner, metrics = update_step(runner)
-            return runner, return_sum + metrics["episode_return_sum"], episodes + metrics["episodes"]
+            if stability:  # fmax / fmin: a NaN does not hide the extremes before it
+                gap, low, high, non_finite = extremes
+                extremes = (jnp.fmax(gap, metrics["logit_gap_max"]), jnp.fmin(low, metrics["log_ratio_min"]),
+                            jnp.fmax(high, metrics["log_ratio_max"]), non_finite | ~metrics["finite"])
+            return runner, return_sum + metrics["episode_return_sum"], episodes + metrics["episodes"], extremes
 
+        extremes = (-jnp.inf, jnp.inf, -jnp.inf, False) if stability else ()
         return jax.lax.fori_loop(0, num_iterations, iteration,
-                                 (runner, jnp.zeros(()), jnp.zeros((), jnp.int32)))
+                                 (runner, jnp.zeros(()), jnp.zeros((), jnp.int32), extremes))
 
     def evaluate_seed(params, eval_key: jax.Array):
         result = evaluate(eval_key, params, False, env=env, env_params=env_params,
@@ -172,9 +182,10 @@ def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, nu
     compile_seconds = time.time() - compile_start
 
     train_start = time.time()
-    return_sums, episodes, chunk_steps = [], [], []
+    return_sums, episodes, chunk_steps, extremes = [], [], [], []
     for chunk, count in enumerate(iteration_counts):
-        runners, chunk_return_sums, chunk_episodes = train(runners, jnp.int32(count))
+        runners, chunk_return_sums, chunk_episodes, chunk_extremes = train(runners, jnp.int32(count))
+        extremes.append([np.asarray(x)[:len(seeds)] for x in chunk_extremes])
         return_sums.append(np.asarray(chunk_return_sums)[:len(seeds)])
         episodes.append(np.asarray(chunk_episodes)[:len(seeds)])
         chunk_steps.append(sum(iteration_counts[:chunk + 1]) * cfg.batch_size)
@@ -185,10 +196,14 @@ def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, nu
     eval_start = time.time()
     eval_returns, finished = (np.asarray(x)[:len(seeds)] for x in evaluate_all((runners.params, eval_keys)))
     assert finished.all(), "an evaluation episode outran the environment's time limit"
+    if stability:
+        gap, low, high, non_finite = (np.stack(x) for x in zip(*extremes))  # (chunks, seeds)
+        stability = {"logit_gap_max": np.nanmax(gap, 0).tolist(), "log_ratio_min": np.nanmin(low, 0).tolist(),
+                     "log_ratio_max": np.nanmax(high, 0).tolist(), "non_finite": non_finite.any(0).tolist()}
     return SeedsResult(eval_returns=eval_returns, return_sums=np.stack(return_sums, axis=1),
                        episodes=np.stack(episodes, axis=1), chunk_steps=chunk_steps,
                        compile_seconds=compile_seconds, train_seconds=train_seconds,
-                       eval_seconds=time.time() - eval_start)
+                       eval_seconds=time.time() - eval_start, stability=stability or None)
 
 
 def changed_args(cfg: ppo_breakout.Args) -> dict:
@@ -232,6 +247,8 @@ def result_json(cfg: ppo_breakout.Args, seeds: list[int], result: SeedsResult, e
                    "peak_memory_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                    "machine": machine(), "devices": len(jax.devices())},
     }
+    if result.stability is not None:
+        out["stability"] = result.stability
     if baseline is not None:  # on this run's seeds: a seed's result does not depend on the others run
         by_seed = dict(zip(baseline["seeds"], baseline["eval_returns"]))
         out["comparison"] = {"baseline": baseline["changed_args"], "baseline_command": baseline["command"],
@@ -269,7 +286,8 @@ def main() -> None:
     if not args.quiet:
         print(f"{cfg.env_id}: {len(seeds)} seeds x {cfg.num_iterations} iterations of {cfg.batch_size} steps",
               file=sys.stderr, flush=True)
-    result = train_seeds(cfg, seeds, args.eval_episodes, args.num_chunks, args.num_devices, on_chunk=progress)
+    result = train_seeds(cfg, seeds, args.eval_episodes, args.num_chunks, args.num_devices, on_chunk=progress,
+                         stability=args.stability)
     command = shlex.join(["python", "benchmarks/tune.py", *sys.argv[1:]])
     out = result_json(cfg, seeds, result, args.eval_episodes, command, time.time() - wall_start, baseline)
     text = json.dumps(out, indent=1)

@@ -150,3 +150,19 @@ def test_share_past_the_wall_and_the_pooled_curve():
     curve = stats.pooled_curve(return_sums, episodes, n_resamples=500)
     np.testing.assert_allclose(curve["return"], [70 / 4, 120 / 8])  # pooled episodes, not a mean of ratios
     assert all(lo <= r <= hi for lo, r, hi in zip(curve["low"], curve["return"], curve["high"]))
+
+
+def test_stability_records_the_logit_gap_the_log_ratio_and_a_seed_gone_non_finite(tmp_path, cache_dir):
+    # The defaults stay finite with a modest logit gap; Adam steps of 1e30 overflow every seed.
+    ordinary = run_harness(tmp_path, "--num-seeds", "2", "--num-chunks", "2", "--stability", "--quiet",
+                           "--ppo.jax-cache-dir", cache_dir)
+    assert ordinary.returncode == 0, ordinary.stderr
+    stability = json.loads(ordinary.stdout)["stability"]
+    assert stability["non_finite"] == [False, False]
+    for seed in range(2):
+        assert 0 < stability["logit_gap_max"][seed] < 50
+        assert stability["log_ratio_min"][seed] < 0 < stability["log_ratio_max"][seed]
+    exploding = run_harness(tmp_path, "--num-seeds", "2", "--num-chunks", "2", "--stability", "--quiet",
+                            "--ppo.learning-rate", "1e30", "--ppo.no-anneal-lr", "--ppo.jax-cache-dir", cache_dir)
+    assert exploding.returncode == 0, exploding.stderr
+    assert json.loads(exploding.stdout)["stability"]["non_finite"] == [True, True]
