@@ -127,9 +127,10 @@ def open_storage(storage: str) -> optuna.storages.RDBStorage:
             return optuna.storages.RDBStorage(
                 url, engine_kwargs=engine_kwargs, heartbeat_interval=60, grace_period=300,
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
-        except sqlalchemy.exc.IntegrityError:
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):
             # Workers that start together on a new database race to create its tables, and the losers
-            # fail on the schema's version row; once it exists, opening the storage just reads it.
+            # fail on a table or on the schema's version row that another made; once the schema
+            # exists, opening the storage just reads it.
             if attempt == 4:
                 raise
             time.sleep(1.0)
