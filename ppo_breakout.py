@@ -27,6 +27,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any, Literal, NamedTuple
 
 # JAX's CPU backend is a single device unless told otherwise; one device per core lets the
@@ -498,7 +499,7 @@ def ppo_loss(params: hk.Params, network: hk.Transformed, mb: Batch,
         "log_ratio_max": log_ratio.max(),
     }
     if args.diagnostics:  # a histogram with fixed edges, so the minibatches' counts add up
-        metrics["log_ratio_counts"] = jnp.histogram(log_ratio, LOG_RATIO_EDGES)[0]
+        metrics["log_ratio_counts"] = bin_counts(log_ratio, -LOG_RATIO_RANGE, LOG_RATIO_RANGE)
         metrics["active_units"] = (features > 0).any(axis=0)
     return loss, metrics
 
@@ -578,10 +579,6 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
     Without `axis_name`, the same function runs on one device. Sizes are read from the arrays, so
     they are per device.
     """
-    def variance_over_devices(x):
-        mean = mean_over_devices(x.mean(), axis_name)
-        return mean_over_devices(jnp.square(x - mean).mean(), axis_name)
-
     def update_epoch(train_state, key: jax.Array, batch: Batch):
         # A fresh permutation every epoch, cut into num_minibatches minibatches of indices. Each step
         # gathers its own rows, so the shuffled batch is never copied whole.
@@ -615,26 +612,26 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
         runner = runner._replace(params=params, opt_state=opt_state, key=next_key)
 
         done = traj.terminated | traj.truncated
-        # over epochs x minibatches, and devices: means, but the log-ratio's range and histogram
-        log_ratio_min, log_ratio_max, log_ratio_counts, active_units = (loss_metrics.pop(name, None) for name in (
-            "log_ratio_min", "log_ratio_max", "log_ratio_counts", "active_units"))
-        metrics = {name: mean_over_devices(value.mean(), axis_name) for name, value in loss_metrics.items()}
+        update_stats = {name: loss_metrics.pop(name) for name in
+                        ("log_ratio_min", "log_ratio_max", "log_ratio_counts", "active_units") if name in loss_metrics}
+        # Means over epochs x minibatches, and over devices in one reduction with the moments that
+        # explained variance needs (Var = E[x^2] - E[x]^2, as for the advantages).
+        error = batch.target - batch.value
+        means = mean_over_devices(jnp.stack([value.mean() for value in loss_metrics.values()] + [
+            error.mean(), jnp.square(error).mean(), batch.target.mean(), jnp.square(batch.target).mean()]), axis_name)
+        metrics = dict(zip(loss_metrics, means))
+        error_mean, error_sq, target_mean, target_sq = means[-4:]
+        metrics["explained_variance"] = 1.0 - (error_sq - error_mean**2) / (target_sq - target_mean**2)
         metrics["learning_rate"] = optax.tree_utils.tree_get(  # the rate of the last update
             opt_state, "learning_rate", filtering=lambda _, value: isinstance(value, jax.Array))
-        metrics["explained_variance"] = (1.0 - variance_over_devices(batch.target - batch.value)
-                                         / variance_over_devices(batch.target))
-        metrics["episodes"] = sum_over_devices(done.sum(), axis_name)
+        metrics["episodes"], metrics["episode_length_sum"] = sum_over_devices(
+            jnp.stack([done.sum(), traj.episode_length.sum()]), axis_name)
         metrics["episode_return_sum"] = sum_over_devices(traj.episode_return.sum(), axis_name)
-        metrics["episode_length_sum"] = sum_over_devices(traj.episode_length.sum(), axis_name)
         # One flag for the host's non-finite guard: every loss term, gradient norm and parameter.
         metrics["finite"] = (jnp.isfinite(jax.flatten_util.ravel_pytree(params)[0]).all()
                              & jnp.all(jnp.stack([jnp.isfinite(v).all() for v in loss_metrics.values()])))
         if args.diagnostics:
-            metrics.update(training_diagnostics(batch, active_units.any(axis=(0, 1)), axis_name))
-            metrics["log_ratio_min"] = -max_over_devices(-log_ratio_min.min(), axis_name)
-            metrics["log_ratio_max"] = max_over_devices(log_ratio_max.max(), axis_name)
-            metrics["histograms"]["log_ratio"] = histogram_summary(
-                log_ratio_counts.sum((0, 1)), LOG_RATIO_EDGES, axis_name)
+            metrics.update(training_diagnostics(batch, update_stats, axis_name))
         return runner, metrics
 
     return update_step
@@ -644,46 +641,49 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
 # Training diagnostics (--diagnostics): summaries computed inside the jitted step
 # ---------------------------------------------------------------------------------------------------
 HISTOGRAM_BINS = 30
-LOG_RATIO_EDGES = jnp.linspace(-1.0, 1.0, HISTOGRAM_BINS + 1)  # log-ratios beyond +-1 land outside
+LOG_RATIO_RANGE = 1.0  # log-ratio histograms span [-1, 1]; values beyond count in the end bins
 
 
-def histogram_summary(counts: jax.Array, edges: jax.Array, axis_name: str | None) -> dict[str, jax.Array]:
-    """Bin counts summed over devices, in the form TensorBoard's raw histogram takes."""
-    return {"counts": sum_over_devices(counts, axis_name), "edges": edges}
+def bin_counts(x: jax.Array, low: jax.Array | float, high: jax.Array | float) -> jax.Array:
+    """How many values of `x` fall in each of HISTOGRAM_BINS equal bins over [low, high], values
+    outside in the end bins. One comparison per bin: on a CPU far cheaper than jnp.histogram's search."""
+    bins = jnp.clip(jnp.floor((x.ravel() - low) / (high - low) * HISTOGRAM_BINS), 0, HISTOGRAM_BINS - 1)
+    return (bins.astype(jnp.int32)[:, None] == jnp.arange(HISTOGRAM_BINS)).sum(0)
 
 
-def data_histogram(x: jax.Array, axis_name: str | None) -> dict[str, jax.Array]:
-    """A histogram of `x` over all devices, its bins spanning the values' range."""
-    low = -max_over_devices(-x.min(), axis_name)
-    high = max_over_devices(x.max(), axis_name)
-    edges = jnp.linspace(low, jnp.maximum(high, low + 1e-6), HISTOGRAM_BINS + 1)
-    return histogram_summary(jnp.histogram(x, edges)[0], edges, axis_name)
-
-
-def training_diagnostics(batch: Batch, active_units: jax.Array, axis_name: str | None) -> dict:
+def training_diagnostics(batch: Batch, update_stats: dict[str, jax.Array], axis_name: str | None) -> dict:
     """What the rollout looked like to the network: scalars for the diagnostics/ tags and histograms.
 
     The logit gap (largest minus smallest logit of a state) is what loss_stability.py sweeps. Silent
-    units are torso features that were zero on every observation of the iteration's minibatches
-    (`active_units` says which were not, from the loss's own forward passes).
+    units are torso features that were zero on every observation of the iteration's minibatches.
+    `update_stats` holds the loss's per-step log-ratio range and counts and the units that fired.
+    Each cross-device reduction carries everything of its kind: one max, one sum, one mean.
     """
-    ever_active = max_over_devices(active_units.astype(jnp.float32), axis_name)
-    mean = mean_over_devices(batch.advantage.mean(), axis_name)
-    variance = mean_over_devices(jnp.square(batch.advantage - mean).mean(), axis_name)
+    data = {"logits": batch.logits, "advantage": batch.advantage, "value": batch.value}
+    maxima = max_over_devices(jnp.concatenate([
+        jnp.stack([m for x in data.values() for m in (-x.min(), x.max())]),  # each histogram's range
+        jnp.stack([(batch.logits.max(-1) - batch.logits.min(-1)).max(), -update_stats["log_ratio_min"].min(),
+                   update_stats["log_ratio_max"].max()]),
+        update_stats["active_units"].any(axis=(0, 1)).astype(jnp.float32)]), axis_name)
+    edges = {name: jnp.linspace(-maxima[2 * i], jnp.maximum(maxima[2 * i + 1], 1e-6 - maxima[2 * i]),
+                                HISTOGRAM_BINS + 1) for i, name in enumerate(data)}
+    counts = [bin_counts(x, edges[name][0], edges[name][-1]) for name, x in data.items()]
     num_actions = batch.logits.shape[-1]
-    action_counts = sum_over_devices(jnp.bincount(batch.action, length=num_actions), axis_name)
-    diagnostics = {
-        "logit_gap_max": max_over_devices((batch.logits.max(-1) - batch.logits.min(-1)).max(), axis_name),
-        "advantage_mean": mean,
-        "advantage_std": jnp.sqrt(variance),
-        "value_error": jnp.sqrt(mean_over_devices(jnp.square(batch.target - batch.value).mean(), axis_name)),
-        "silent_units": 1.0 - ever_active.mean(),
-        "action_frequency": action_counts / action_counts.sum(),
+    sums = sum_over_devices(jnp.concatenate(
+        counts + [update_stats["log_ratio_counts"].sum((0, 1)), jnp.bincount(batch.action, length=num_actions)]),
+        axis_name)
+    means = mean_over_devices(jnp.stack([batch.advantage.mean(), jnp.square(batch.advantage).mean(),
+                                         jnp.square(batch.target - batch.value).mean()]), axis_name)
+    edges["log_ratio"] = jnp.linspace(-LOG_RATIO_RANGE, LOG_RATIO_RANGE, HISTOGRAM_BINS + 1)
+    histograms = {name: {"counts": sums[i * HISTOGRAM_BINS:(i + 1) * HISTOGRAM_BINS], "edges": edges[name]}
+                  for i, name in enumerate(edges)}
+    action_counts = sums[4 * HISTOGRAM_BINS:]
+    return {
+        "logit_gap_max": maxima[6], "log_ratio_min": -maxima[7], "log_ratio_max": maxima[8],
+        "advantage_mean": means[0], "advantage_std": jnp.sqrt(jnp.maximum(means[1] - jnp.square(means[0]), 0.0)),
+        "value_error": jnp.sqrt(means[2]), "silent_units": 1.0 - maxima[9:].mean(),
+        "action_frequency": action_counts / action_counts.sum(), "histograms": histograms,
     }
-    diagnostics["histograms"] = {"logits": data_histogram(batch.logits, axis_name),
-                                 "advantage": data_histogram(batch.advantage, axis_name),
-                                 "value": data_histogram(batch.value, axis_name)}
-    return diagnostics
 
 
 # Data parallel over a 1-D mesh of devices: the environments (and all that comes from them) are split
@@ -866,27 +866,41 @@ def train(args: Args, update_step, runner: RunnerState, writer: SummaryWriter, s
     return runner, "completed", args.num_iterations, None, history
 
 
-# Both protocols, whatever --sticky-action-prob trained with: gymnax's (no sticky actions, as in
-# gymnax's published baselines) and MinAtar's (sticky actions with probability 0.1).
-EVAL_PROTOCOLS = {"": 0.0, "sticky_0.1": 0.1}
+# The final evaluations: both protocols, whatever --sticky-action-prob trained with, gymnax's (no sticky
+# actions, as in gymnax's published baselines) and MinAtar's (sticky actions with probability 0.1), each
+# with sampled actions (the policy PPO trained) and greedy ones.
+EVALUATIONS = [("", "sampled"), ("", "greedy"), ("sticky_0.1", "sampled"), ("sticky_0.1", "greedy")]
 
 
-def start_evaluations(evaluate_policy, eval_key, params, env_params: StickyParams) -> dict:
-    """Dispatches the final policy's evaluations, both protocols with sampled actions (the policy PPO
-    trained) and greedy ones, on one device; JAX runs them while the host goes on."""
-    params = jax.device_put(params, jax.devices()[0])
-    return {(protocol, mode): evaluate_policy(eval_key, params, greedy, env_params.replace(sticky_action_prob=prob))
-            for protocol, prob in EVAL_PROTOCOLS.items() for mode, greedy in (("sampled", False), ("greedy", True))}
+def make_evaluate_policies(env: StickyActions, env_params: StickyParams, network: hk.Transformed,
+                           args: Args) -> tuple[Callable, Mesh]:
+    """One program for all EVALUATIONS, split over as many devices as divide their number; each device
+    plays its evaluations one after another, so each gives the numbers it gives alone."""
+    num_devices = max(n for n in (1, 2, 4) if n <= args.num_devices and len(EVALUATIONS) % n == 0)
+    mesh = Mesh(np.array(jax.devices()[:num_devices]), ("data",))
+    greedy = jnp.array([mode == "greedy" for _, mode in EVALUATIONS])
+    sticky = jnp.array([0.1 if protocol else 0.0 for protocol, _ in EVALUATIONS])
+
+    def evaluate_share(key, params, greedy, sticky):
+        return jax.lax.map(lambda config: evaluate(
+            key, params, config[0], env=env, env_params=env_params.replace(sticky_action_prob=config[1]),
+            policy_apply=lambda p, o: network.apply(p, o)[0], num_episodes=args.eval_episodes,
+            max_steps=env_params.env_params.max_steps_in_episode + 1, num_recorded=min(8, args.eval_episodes)),
+            (greedy, sticky))
+
+    evaluate_split = jax.shard_map(evaluate_share, mesh=mesh, in_specs=(P(), P(), P("data"), P("data")),
+                                   out_specs=P("data"), check_vma=False)
+    return jax.jit(lambda key, params: evaluate_split(key, params, greedy, sticky)), mesh
 
 
-def report_evaluations(results: dict, args: Args, writer: SummaryWriter, run_dir: str, global_step: int) -> dict:
-    """Prints, logs and draws (play.gif, behaviour.png) the evaluations; returns summary.json's `eval`:
-    the sticky-0 results at its top level, the others under their protocol."""
+def report_evaluations(results, args: Args, writer: SummaryWriter, run_dir: str, global_step: int) -> dict:
+    """Prints, logs and draws (play.gif, behaviour.png) the EVALUATIONS' results; returns summary.json's
+    `eval`: the sticky-0 results at its top level, the others under their protocol."""
     breakout = args.env_id == "Breakout-MinAtar"
     evaluation, labelled = {}, {}
     fetched = jax.device_get(results)
-    for protocol, mode in results:  # in the order dispatched: gymnax's protocol, sampled, first
-        result = fetched[protocol, mode]
+    for i, (protocol, mode) in enumerate(EVALUATIONS):
+        result = jax.tree.map(lambda x: x[i], fetched)
         assert result.finished.all(), "an evaluation episode outran the environment's time limit"
         labelled[f"{mode}, {protocol.replace('_', ' ')}" if protocol else mode] = result
         numbers = evaluation.setdefault(protocol, {})[mode] = visualize.behaviour_numbers(result, breakout)
@@ -954,12 +968,9 @@ def main() -> None:
         params = runner.params
     else:
         params = loaded_params
-    max_steps = env_params.env_params.max_steps_in_episode + 1
-    evaluate_policy = jax.jit(lambda key, params, greedy, protocol_params: evaluate(
-        key, params, greedy, env=env, env_params=protocol_params, num_episodes=args.eval_episodes,
-        policy_apply=lambda p, o: network.apply(p, o)[0], max_steps=max_steps,
-        num_recorded=min(8, args.eval_episodes))).lower(
-            eval_key, jax.device_put(params, jax.devices()[0]), False, env_params).compile()
+    evaluate_policies, eval_mesh = make_evaluate_policies(env, env_params, network, args)
+    eval_params = lambda p: jax.device_put(p, NamedSharding(eval_mesh, P()))  # noqa: E731
+    evaluate_policies = evaluate_policies.lower(eval_key, eval_params(params)).compile()
     compile_seconds = time.time() - compile_start
 
     run_dir = make_run_dir(args)
@@ -995,7 +1006,7 @@ def main() -> None:
                 print(f"interrupted at step {global_step:,}", file=sys.stderr)
             eval_start = time.time()
             if status == "completed":
-                results = start_evaluations(evaluate_policy, eval_key, params, env_params)
+                results = evaluate_policies(eval_key, eval_params(params))  # runs while the host goes on
             if loaded_params is None:  # drawn while the evaluations run
                 write_learning_curve(history, args, writer, run_dir, global_step)
             if status == "completed":

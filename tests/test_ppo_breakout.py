@@ -484,18 +484,30 @@ def test_training_diagnostics_against_numpy_on_one_and_two_devices():
         "value_error": np.sqrt(np.mean((b.target - b.value) ** 2)),
         "silent_units": 2 / 8,
     }
-    single = jax.jit(lambda batch: ppo.training_diagnostics(batch, active.any(0), None))(batch)
+    # The loss's per-step statistics, (epochs=1, minibatches=2, ...) on each device.
+    log_ratio = jnp.array([[-0.3, 0.1, 0.2, 0.5], [-0.1, 0.0, 0.4, 2.0]])  # 2.0 lies beyond the histogram
+    per_minibatch = lambda x: jnp.stack([x, x], axis=1)[:, None]  # noqa: E731 (device, epoch, minibatch, ...)
+    stats = {"active_units": per_minibatch(active), "log_ratio_min": per_minibatch(log_ratio.min(1)),
+             "log_ratio_max": per_minibatch(log_ratio.max(1)),
+             "log_ratio_counts": per_minibatch(jax.vmap(lambda x: ppo.bin_counts(x, -1.0, 1.0))(log_ratio))}
+    expected.update(log_ratio_min=-0.3, log_ratio_max=2.0)
+    single = jax.jit(lambda batch: ppo.training_diagnostics(
+        batch, {name: jnp.concatenate([x[0], x[1]], axis=1) for name, x in stats.items()}, None))(batch)
     mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
-    parallel = jax.jit(jax.shard_map(lambda batch, active: ppo.training_diagnostics(batch, active[0], "data"),
-                                     mesh=mesh, in_specs=P("data"), out_specs=P(), check_vma=False))(batch, active)
+    parallel = jax.jit(jax.shard_map(
+        lambda batch, stats: ppo.training_diagnostics(batch, {name: x[0] for name, x in stats.items()}, "data"),
+        mesh=mesh, in_specs=P("data"), out_specs=P(), check_vma=False))(batch, stats)
     for result in (single, parallel):
         for name, value in expected.items():
             np.testing.assert_allclose(result[name], value, rtol=1e-5, err_msg=name)
         np.testing.assert_allclose(result["action_frequency"], [0.5, 0.25, 0.25])
         for name, data in (("logits", b.logits), ("value", b.value), ("advantage", b.advantage)):
             h = result["histograms"][name]
-            assert h["counts"].sum() == data.size
+            np.testing.assert_array_equal(h["counts"], np.histogram(data, np.asarray(h["edges"]))[0])
             np.testing.assert_allclose([h["edges"][0], h["edges"][-1]], [data.min(), data.max()], rtol=1e-6)
+        # Twice each device's log-ratios (two minibatches), the 2.0 in the last bin.
+        expected_counts = 2 * np.histogram(np.clip(log_ratio, -1, 0.999), np.linspace(-1, 1, 31))[0]
+        np.testing.assert_array_equal(result["histograms"]["log_ratio"]["counts"], expected_counts)
 
 
 def test_data_parallel_step_equals_the_single_device_step_on_the_whole_minibatch():

@@ -138,7 +138,8 @@ def behaviour_numbers(result, breakout: bool) -> dict:
 def behaviour_figure(results: dict, breakout: bool, title: str) -> plt.Figure:
     """Returns, lengths, distinct episodes and how episodes end for each evaluation in `results`
     ({label: EvalResult on the host}), and for Breakout where the ball is lost."""
-    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5), layout="constrained")
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
+    fig.subplots_adjust(left=0.05, right=0.97, bottom=0.08, top=0.92, wspace=0.3, hspace=0.35)
     fig.suptitle(title, fontsize=13)
     labels = list(results)
     colours = plt.get_cmap("tab10").colors
@@ -193,7 +194,8 @@ def behaviour_figure(results: dict, breakout: bool, title: str) -> plt.Figure:
 def learning_curve_figure(steps, seconds, returns, title: str) -> plt.Figure:
     """Mean return of the training episodes that ended in each iteration, against environment steps
     and against seconds of training."""
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), layout="constrained")
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig.subplots_adjust(left=0.07, right=0.98, bottom=0.12, top=0.88, wspace=0.25)
     fig.suptitle(title, fontsize=13)
     for ax, x, xlabel in ((axes[0], steps, "environment steps"), (axes[1], seconds, "seconds of training")):
         ax.plot(x, returns, linewidth=1.5)
@@ -204,7 +206,7 @@ def learning_curve_figure(steps, seconds, returns, title: str) -> plt.Figure:
 
 def figure_to_png(fig: plt.Figure) -> bytes:
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=80)
+    fig.savefig(buffer, format="png", dpi=72)
     plt.close(fig)
     return buffer.getvalue()
 
