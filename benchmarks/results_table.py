@@ -21,7 +21,9 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import tyro
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ppo_breakout.py")
 
@@ -56,6 +58,16 @@ def cpu_name() -> str:
         return platform.processor() or "unknown"
     return (f"{fields.get('model name', 'unknown')}, family {fields.get('cpu family', '?')}, "
             f"{os.cpu_count()} cores, {'AVX-512' if 'avx512f' in fields.get('flags', '') else 'no AVX-512'}")
+
+
+def learning_curve(run_dir: str, max_points: int = 250) -> dict:
+    """The run's training return (charts/episodic_return) from its TensorBoard log, at most
+    `max_points` evenly spaced points of it, so the JSON can draw the curve later."""
+    events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    points = events.Scalars("charts/episodic_return")
+    keep = np.unique(np.linspace(0, len(points) - 1, min(max_points, len(points))).round().astype(int))
+    return {"steps": [points[i].step for i in keep], "returns": [points[i].value for i in keep]}
 
 
 def print_table(table: dict) -> None:
@@ -123,7 +135,7 @@ def main() -> None:
             summary = json.load(f)
         rows.append({"seed": seed, "eval": summary["eval"], "wall_seconds": wall,
                      "compile_seconds": summary["compile_seconds"], "sps": summary["sps"], "peak_gb": peak_gb,
-                     "run_dir": os.path.dirname(summary_path)})
+                     "run_dir": os.path.dirname(summary_path), "curve": learning_curve(os.path.dirname(summary_path))})
         print(f"seed {seed}: sampled {summary['eval']['sampled']['mean']:.2f}, wall {wall:.1f}s", file=sys.stderr)
     table = {"command": "python benchmarks/results_table.py " + shlex.join(sys.argv[1:]), "cpu": cpu_name(),
              "rows": rows}
