@@ -43,7 +43,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 import mpmath
 import numpy as np
-import tyro
+
+from utils import cli
 
 
 @dataclasses.dataclass
@@ -60,7 +61,7 @@ class Args:
     """sweep 2: the safe zone is m in [-safe_logit, safe_logit]"""
     old_logit_ratio: float = 0.99
     """old logits = old_logit_ratio * logits: the fixed ratio between them that the post's sweep keeps"""
-    clip_epsilon: float = 0.2
+    clip_coef: float = 0.2
     """PPO's clipping range: the ratio is clipped to [1 - eps, 1 + eps]"""
     wrong_tolerance: float = 1e-3
     """a loss or gradient counts as wrong once its relative error exceeds this"""
@@ -81,9 +82,9 @@ MIN_POINTS = 4 * NUM_WINDOWS + 1  # per sweep: every window gets the points its 
 # ---------------------------------------------------------------------------------------------------
 # The same clipped PPO loss, three ways. Only the ratio differs.
 # ---------------------------------------------------------------------------------------------------
-def clipped_surrogate_loss(ratio, advantages, clip_epsilon):
+def clipped_surrogate_loss(ratio, advantages, clip_coef):
     """PPO's L^CLIP as a loss to minimise: -mean(min(r A, clip(r, 1 - eps, 1 + eps) A))."""
-    clipped_ratio = jnp.clip(ratio, 1 - clip_epsilon, 1 + clip_epsilon)
+    clipped_ratio = jnp.clip(ratio, 1 - clip_coef, 1 + clip_coef)
     return -jnp.mean(jnp.minimum(ratio * advantages, clipped_ratio * advantages))
 
 
@@ -92,7 +93,7 @@ def at_actions(per_action, actions):
     return jnp.take_along_axis(per_action, actions[:, None], axis=-1)[:, 0]
 
 
-def loss_direct_naive(logits, old_logits, actions, advantages, clip_epsilon):
+def loss_direct_naive(logits, old_logits, actions, advantages, clip_coef):
     """(a) The paper as written: softmax from its definition, ratio = p / p_old."""
 
     def naive_softmax(z):
@@ -100,20 +101,20 @@ def loss_direct_naive(logits, old_logits, actions, advantages, clip_epsilon):
         return exp_z / jnp.sum(exp_z, axis=-1, keepdims=True)
 
     ratio = at_actions(naive_softmax(logits), actions) / at_actions(naive_softmax(old_logits), actions)
-    return clipped_surrogate_loss(ratio, advantages, clip_epsilon)
+    return clipped_surrogate_loss(ratio, advantages, clip_coef)
 
 
-def loss_direct_softmax(logits, old_logits, actions, advantages, clip_epsilon):
+def loss_direct_softmax(logits, old_logits, actions, advantages, clip_coef):
     """(b) jax.nn.softmax subtracts max(z) first, so exp never overflows; tiny p still round to 0."""
     ratio = at_actions(jax.nn.softmax(logits), actions) / at_actions(jax.nn.softmax(old_logits), actions)
-    return clipped_surrogate_loss(ratio, advantages, clip_epsilon)
+    return clipped_surrogate_loss(ratio, advantages, clip_coef)
 
 
-def loss_log_space(logits, old_logits, actions, advantages, clip_epsilon):
+def loss_log_space(logits, old_logits, actions, advantages, clip_coef):
     """(c) The blog's `policy_loss`: log-sum-exp inside log_softmax, ratio = exp(logp - logp_old)."""
     log_probs, old_log_probs = jax.nn.log_softmax(logits), jax.nn.log_softmax(old_logits)
     ratio = jnp.exp(at_actions(log_probs, actions) - at_actions(old_log_probs, actions))
-    return clipped_surrogate_loss(ratio, advantages, clip_epsilon)
+    return clipped_surrogate_loss(ratio, advantages, clip_coef)
 
 
 def log_normaliser_parts(logits):
@@ -129,14 +130,14 @@ def log_normaliser_parts(logits):
     return top_logit, jnp.log1p(rest)
 
 
-def loss_log_space_paired(logits, old_logits, actions, advantages, clip_epsilon):
+def loss_log_space_paired(logits, old_logits, actions, advantages, clip_coef):
     """(d) Log space without the cancellation: log ratio = (z_a - z'_a) - (lse(z) - lse(z')), with each
     new term minus its old twin taken first, so that no logit-sized number is subtracted at the end."""
     (top, log_rest), (old_top, old_log_rest) = log_normaliser_parts(logits), log_normaliser_parts(old_logits)
     log_ratio = (at_actions(logits, actions) - at_actions(old_logits, actions)) - (top - old_top) - (
         log_rest - old_log_rest
     )
-    return clipped_surrogate_loss(jnp.exp(log_ratio), advantages, clip_epsilon)
+    return clipped_surrogate_loss(jnp.exp(log_ratio), advantages, clip_coef)
 
 
 METHODS = {
@@ -154,14 +155,14 @@ def sweep_inputs(magnitudes, old_logit_ratio, dtype):
     return logits.astype(dtype), (old_logit_ratio * logits).astype(dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("method", "clip_epsilon"))
-def loss_and_grad_sweep(logits, old_logits, method, clip_epsilon):
+@functools.partial(jax.jit, static_argnames=("method", "clip_coef"))
+def loss_and_grad_sweep(logits, old_logits, method, clip_coef):
     """Loss and d loss / d logits (old logits are constants) at every sweep point, in the logits' dtype."""
     value_and_grad = jax.value_and_grad(METHODS[method])
     advantages = jnp.asarray(ADVANTAGES, logits.dtype)  # with x64 on, a float64 constant would promote float32
 
     def one_point(point_logits, point_old_logits):
-        return value_and_grad(point_logits, point_old_logits, jnp.asarray(ACTIONS), advantages, clip_epsilon)
+        return value_and_grad(point_logits, point_old_logits, jnp.asarray(ACTIONS), advantages, clip_coef)
 
     return jax.vmap(one_point)(logits, old_logits)
 
@@ -193,11 +194,11 @@ def reference_loss_and_grad(logits, old_logits, actions, advantages, clip_low, c
     return loss, grad, ratios
 
 
-def reference_sweep(logits, old_logits, clip_epsilon):
+def reference_sweep(logits, old_logits, clip_coef):
     """Reference losses (mpf), gradients (float64) and ratios (mpf, one row per point) at every sweep
     point, for inputs of one dtype."""
     # The clip bounds as the float computation sees them: 1 -/+ eps rounded to the working dtype.
-    clip_low, clip_high = (mpmath.mpf(float(logits.dtype.type(1 + s * clip_epsilon))) for s in (-1, 1))
+    clip_low, clip_high = (mpmath.mpf(float(logits.dtype.type(1 + s * clip_coef))) for s in (-1, 1))
     results = [
         reference_loss_and_grad(z, z_old, ACTIONS, ADVANTAGES, clip_low, clip_high)
         for z, z_old in zip(logits, old_logits)
@@ -338,7 +339,7 @@ def matches_prediction(magnitudes, measured, predicted):
     )
 
 
-def ieee_direct_softmax(logits, old_logits, clip_epsilon):
+def ieee_direct_softmax(logits, old_logits, clip_coef):
     """direct-softmax's ratios [n, batch] and losses [n] in numpy, whose exp keeps subnormals (IEEE
     gradual underflow) where XLA flushes them to zero: the arithmetic of a plot made with numpy."""
 
@@ -350,7 +351,7 @@ def ieee_direct_softmax(logits, old_logits, clip_epsilon):
     with np.errstate(under="ignore", divide="ignore", invalid="ignore"):  # 0 / 0 is what is measured
         at_action = lambda p: np.take_along_axis(p, ACTIONS[None, :, None], axis=-1)[..., 0]
         ratio = at_action(softmax(logits)) / at_action(softmax(old_logits))
-        clipped_ratio = np.clip(ratio, dtype(1 - clip_epsilon), dtype(1 + clip_epsilon))
+        clipped_ratio = np.clip(ratio, dtype(1 - clip_coef), dtype(1 + clip_coef))
         advantages = ADVANTAGES.astype(dtype)
         loss = -np.mean(np.minimum(ratio * advantages, clipped_ratio * advantages), axis=-1)
     return ratio, loss
@@ -363,10 +364,10 @@ def large_sweep(args, magnitudes, dtype, predicted):
     """Sweep 1: per method the loss, the relative errors of loss and gradient (their largest per window),
     and where they break; then direct-softmax again in numpy's IEEE arithmetic (where it breaks)."""
     logits, old_logits = sweep_inputs(magnitudes, args.old_logit_ratio, dtype)
-    ref_losses, ref_grads, ref_ratios = reference_sweep(logits, old_logits, args.clip_epsilon)
+    ref_losses, ref_grads, ref_ratios = reference_sweep(logits, old_logits, args.clip_coef)
     curves, thresholds, windows = {"reference": {"loss": np.array([float(r) for r in ref_losses])}}, {}, {}
     for method in METHODS:
-        losses, grads = map(np.asarray, loss_and_grad_sweep(logits, old_logits, method, args.clip_epsilon))
+        losses, grads = map(np.asarray, loss_and_grad_sweep(logits, old_logits, method, args.clip_coef))
         assert losses.dtype == grads.dtype == dtype, "the sweep must compute in the dtype it reports"
         loss_err = relative_errors(losses, ref_losses, dtype)
         grad_err = gradient_errors(grads, ref_grads)
@@ -387,7 +388,7 @@ def large_sweep(args, magnitudes, dtype, predicted):
         }
         thresholds[method] = {**measured, "predicted": predicted[method]}
 
-    ieee_ratios, ieee_losses = ieee_direct_softmax(logits, old_logits, args.clip_epsilon)
+    ieee_ratios, ieee_losses = ieee_direct_softmax(logits, old_logits, args.clip_coef)
     ratio_err = relative_errors(ieee_ratios, ref_ratios, dtype).max(axis=-1)
     ieee = {
         "ratio_wrong": first_break(magnitudes, ratio_err > args.wrong_tolerance),
@@ -405,10 +406,10 @@ def safe_sweep(args, magnitudes, dtype):
     """Sweep 2: per method the loss error in ulps of the reference and the gradient error, with the
     statistics of the ulps, overall and per window."""
     logits, old_logits = sweep_inputs(magnitudes, args.old_logit_ratio, dtype)
-    ref_losses, ref_grads, _ = reference_sweep(logits, old_logits, args.clip_epsilon)
+    ref_losses, ref_grads, _ = reference_sweep(logits, old_logits, args.clip_coef)
     curves, stats, windows = {}, {}, {}
     for method in METHODS:
-        losses, grads = map(np.asarray, loss_and_grad_sweep(logits, old_logits, method, args.clip_epsilon))
+        losses, grads = map(np.asarray, loss_and_grad_sweep(logits, old_logits, method, args.clip_coef))
         ulps = ulp_errors(losses, ref_losses)
         curves[method] = {"ulp_error": ulps, "grad_error": gradient_errors(grads, ref_grads)}
         largest_loss_error = max(abs(mpmath.mpf(float(x)) - ref) for x, ref in zip(losses, ref_losses))
@@ -582,7 +583,7 @@ def format_tables(summary):
                                    f"{s['max_grad_error']:.2g}"))
 
     windows = summary["windows"]["sweep 2"]
-    per_window_table = [f"Sweep 2 per window of m: largest |error| in ulps / neighbour correlation"]
+    per_window_table = ["Sweep 2 per window of m: largest |error| in ulps / neighbour correlation"]
     row = "{:<9}{:<16}" + "{:>19}" * len(METHODS)
     per_window_table.append(row.format("dtype", "m", *windows["float32"]))
     for name in summary["safe_zone_ulp_error"]:
@@ -606,7 +607,7 @@ def format_tables(summary):
 # ---------------------------------------------------------------------------------------------------
 # main
 # ---------------------------------------------------------------------------------------------------
-def argument_problem(args):
+def check_args(args):
     """The first thing wrong with args as one line, or None. Runs before any work and any write."""
     if not -np.inf < args.min_logit < args.max_logit < np.inf:
         return f"--min-logit ({args.min_logit:g}) must be below --max-logit ({args.max_logit:g}), both finite"
@@ -620,8 +621,8 @@ def argument_problem(args):
     for flag, value in must_be_positive.items():
         if not 0 < value < np.inf:
             return f"--{flag} must be positive and finite, got {value:g}"
-    if not 0 < args.clip_epsilon < 1:
-        return f"--clip-epsilon must be between 0 and 1, got {args.clip_epsilon:g}"
+    if not 0 < args.clip_coef < 1:
+        return f"--clip-epsilon must be between 0 and 1, got {args.clip_coef:g}"
     existing = os.path.abspath(args.out_dir)
     while not os.path.exists(existing):  # the nearest existing ancestor decides whether we can create it
         existing = os.path.dirname(existing)
@@ -677,15 +678,11 @@ def run_study(args):
 
 
 def main():
-    args = tyro.cli(Args)
-    problem = argument_problem(args)
-    if problem is None:
-        try:
-            os.makedirs(args.out_dir, exist_ok=True)
-        except OSError as error:
-            problem = f"--out-dir {args.out_dir}: {error.strerror}"
-    if problem is not None:
-        print(f"error: {problem}", file=sys.stderr)
+    args = cli.parse_args(Args, check_args, __doc__.split("\n\n")[0])
+    try:
+        os.makedirs(args.out_dir, exist_ok=True)
+    except OSError as error:
+        print(f"error: --out-dir {args.out_dir}: {error.strerror}", file=sys.stderr)
         sys.exit(2)
     with jax.enable_x64(True):  # float64 next to float32 for this run only; every array is cast explicitly
         run_study(args)

@@ -188,7 +188,7 @@ def ppo_flags(params: dict) -> str:
 def objective(trial: optuna.Trial, args: Args) -> float:
     params = {name: suggest(trial, name, dist) for name, dist in searched(args).items()}
     cfg = to_ppo_args(params, args.ppo)
-    error = ppo_breakout.find_arg_error(cfg)
+    error = ppo_breakout.check_args(cfg)
     if error:  # cannot happen with the declared space; kept so a bad edit fails loudly
         raise ValueError(f"trial {trial.number}: {error}")
     ppo_breakout.fill_runtime_fields(cfg)
@@ -258,7 +258,7 @@ def report(study: optuna.Study, args: Args) -> dict:
 
 def main() -> None:
     args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
-    error = ppo_breakout.find_arg_error(args.ppo) or find_search_error(args)
+    error = ppo_breakout.check_args(args.ppo) or find_search_error(args)
     if error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

@@ -268,7 +268,7 @@ def print_progress(chunk: int, num_chunks: int, steps: int, return_sums: np.ndar
 def main() -> None:
     wall_start = time.time()
     args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
-    error = ppo_breakout.find_arg_error(args.ppo) or find_harness_error(args)
+    error = ppo_breakout.check_args(args.ppo) or find_harness_error(args)
     if error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

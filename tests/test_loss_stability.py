@@ -489,10 +489,10 @@ def test_docs_page_shows_the_committed_summary():
     assert max(max(w["ulps_neighbour_correlation"]) for w in windows["float64"].values()) < 0.3
 
 
-def test_argument_problems_name_the_flag_at_the_boundaries():
+def test_check_argss_name_the_flag_at_the_boundaries():
     for good in [ls.Args(out_dir="runs/does/not/exist/yet"), ls.Args(num_points=ls.MIN_POINTS),
-                 ls.Args(min_logit=-1e300, max_logit=-1e299), ls.Args(clip_epsilon=0.999)]:
-        assert ls.argument_problem(good) is None, good
+                 ls.Args(min_logit=-1e300, max_logit=-1e299), ls.Args(clip_coef=0.999)]:
+        assert ls.check_args(good) is None, good
     for bad, flag in [
         (ls.Args(min_logit=1.0, max_logit=-1.0), "--min-logit"),
         (ls.Args(min_logit=5.0, max_logit=5.0), "--min-logit"),
@@ -503,10 +503,10 @@ def test_argument_problems_name_the_flag_at_the_boundaries():
         (ls.Args(safe_logit=np.inf), "--safe-logit"),
         (ls.Args(old_logit_ratio=-1.0), "--old-logit-ratio"),
         (ls.Args(wrong_tolerance=0.0), "--wrong-tolerance"),
-        (ls.Args(clip_epsilon=0.0), "--clip-epsilon"),
-        (ls.Args(clip_epsilon=1.0), "--clip-epsilon"),
+        (ls.Args(clip_coef=0.0), "--clip-epsilon"),
+        (ls.Args(clip_coef=1.0), "--clip-epsilon"),
     ]:
-        problem = ls.argument_problem(bad)
+        problem = ls.check_args(bad)
         assert problem and "\n" not in problem and problem.startswith(flag + " "), (bad, problem)
 
 

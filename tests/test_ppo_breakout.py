@@ -20,6 +20,7 @@ import numpy as np
 import optax
 import pytest
 import rlax
+import tyro
 from jax.sharding import Mesh
 from PIL import Image
 from jax.sharding import PartitionSpec as P
@@ -27,10 +28,15 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import ppo_breakout as ppo
 from probe_envs import ProbeEnv
-from utils import visualize
+from utils import checkpoint, diagnostics, visualize
 from utils.evaluation import evaluate
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ppo_breakout.py")
+
+
+def network_args(args) -> dict:
+    """What the script writes into a model file's header to rebuild the network."""
+    return {name: getattr(args, name) for name in ppo.NETWORK_ARGS}
 
 
 def run_script(tmp_path, *flags, timeout=600):
@@ -210,7 +216,7 @@ def test_loss_is_surrogate_minus_entropy_bonus_plus_value_loss():
 def test_minibatch_step_normalises_the_advantages_within_the_minibatch(norm_adv):
     args, network, params, mb = loss_setup(norm_adv=norm_adv)
     optimizer = optax.sgd(1.0)  # the step is the gradient itself
-    (stepped, _), _ = ppo.update_minibatch((params, optimizer.init(params)), mb, network, optimizer, args)
+    (stepped, _), _ = ppo.update_minibatch(ppo.TrainState(params, optimizer.init(params)), mb, network, optimizer, args)
     a = mb.advantage
     expected_mb = mb._replace(advantage=(a - a.mean()) / (a.std() + 1e-8)) if norm_adv else mb
     grads, _ = jax.grad(ppo.ppo_loss, has_aux=True)(params, network, expected_mb, args)
@@ -246,7 +252,7 @@ def test_direct_ratio_takes_the_same_step_where_both_are_finite():
     steps = {}
     for ratio in ("log", "direct"):
         ratio_args = dataclasses.replace(args, ratio=ratio)
-        (steps[ratio], _), metrics = ppo.update_minibatch((params, optimizer.init(params)), mb, network,
+        (steps[ratio], _), metrics = ppo.update_minibatch(ppo.TrainState(params, optimizer.init(params)), mb, network,
                                                           optimizer, ratio_args)
         assert 0 < metrics["clipfrac"] < 1  # both sides of the clip are exercised
     for a, b in zip(jax.tree.leaves(steps["log"]), jax.tree.leaves(steps["direct"])):
@@ -489,13 +495,15 @@ def test_training_diagnostics_against_numpy_on_one_and_two_devices():
     per_minibatch = lambda x: jnp.stack([x, x], axis=1)[:, None]  # noqa: E731 (device, epoch, minibatch, ...)
     stats = {"active_units": per_minibatch(active), "log_ratio_min": per_minibatch(log_ratio.min(1)),
              "log_ratio_max": per_minibatch(log_ratio.max(1)),
-             "log_ratio_counts": per_minibatch(jax.vmap(lambda x: ppo.bin_counts(x, -1.0, 1.0))(log_ratio))}
+             "log_ratio_counts": per_minibatch(jax.vmap(lambda x: diagnostics.bin_counts(x, -1.0, 1.0))(log_ratio))}
     expected.update(log_ratio_min=-0.3, log_ratio_max=2.0)
-    single = jax.jit(lambda batch: ppo.training_diagnostics(
-        batch, {name: jnp.concatenate([x[0], x[1]], axis=1) for name, x in stats.items()}, None))(batch)
+    single = jax.jit(lambda batch: diagnostics.training_diagnostics(
+        batch, {name: jnp.concatenate([x[0], x[1]], axis=1) for name, x in stats.items()},
+        functools.partial(ppo.over_devices, axis_name=None)))(batch)
     mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
     parallel = jax.jit(jax.shard_map(
-        lambda batch, stats: ppo.training_diagnostics(batch, {name: x[0] for name, x in stats.items()}, "data"),
+        lambda batch, stats: diagnostics.training_diagnostics(batch, {name: x[0] for name, x in stats.items()},
+                                                              functools.partial(ppo.over_devices, axis_name="data")),
         mesh=mesh, in_specs=P("data"), out_specs=P(), check_vma=False))(batch, stats)
     for result in (single, parallel):
         for name, value in expected.items():
@@ -528,7 +536,7 @@ def test_data_parallel_step_equals_the_single_device_step_on_the_whole_minibatch
         target=jnp.linspace(-1.0, 3.0, n))
     params = network.init(keys[0], mb.obs)
     optimizer = optax.sgd(1.0)  # an update linear in the gradient: a gradient off by a factor shows
-    train_state = (params, optimizer.init(params))
+    train_state = ppo.TrainState(params, optimizer.init(params))
 
     (single, _), _ = jax.jit(functools.partial(
         ppo.update_minibatch, network=network, optimizer=optimizer, args=args))(train_state, mb)
@@ -637,7 +645,7 @@ TAGS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "chart
         "losses/clipfrac", "losses/explained_variance",
         "eval/sampled_return", "eval/greedy_return", "eval/sticky_0.1/sampled_return",
         "eval/sticky_0.1/greedy_return", "eval/greedy_distinct_episodes"]
-DIAGNOSTIC_TAGS = [f"diagnostics/{name}" for name in ppo.DIAGNOSTICS] + [
+DIAGNOSTIC_TAGS = [f"diagnostics/{name}" for name in diagnostics.DIAGNOSTICS] + [
     f"diagnostics/action_{a}_frequency" for a in range(3)]
 
 
@@ -775,12 +783,12 @@ def test_plot_curves_overlays_runs_and_never_overwrites(tiny_run, tmp_path):
 
 
 def test_saved_model_round_trips_with_the_network_arguments_in_its_header(tmp_path):
-    args = ppo.tyro.cli(ppo.Args, args=["--hidden-sizes", "8", "4", "--activation", "relu"])
+    args = tyro.cli(ppo.Args, args=["--hidden-sizes", "8", "4", "--activation", "relu"])
     params = tiny_network_params(args)
     path = str(tmp_path / "model.safetensors")
-    ppo.save_model(path, params, args, global_step=123)
+    checkpoint.save_model(path, params, network_args(args), {"global_step": "123"})
     assert os.listdir(tmp_path) == ["model.safetensors"]  # the temporary file was renamed, not left
-    loaded = ppo.load_model(path, args, params)
+    loaded = checkpoint.load_model(path, network_args(args), params)
     jax.tree.map(np.testing.assert_array_equal, loaded, params)
     # Another width, activation or game is refused, naming the flag and both values.
     for flags, message in [(["--hidden-sizes", "8", "8"], "--hidden-sizes 8 4, not 8 8"),
@@ -788,11 +796,11 @@ def test_saved_model_round_trips_with_the_network_arguments_in_its_header(tmp_pa
                            (["--hidden-sizes", "8", "4", "--activation", "relu",
                              "--env-id", "Asterix-MinAtar"], "--env-id Breakout-MinAtar, not Asterix-MinAtar")]:
         with pytest.raises(ValueError, match=message):
-            ppo.load_model(path, ppo.tyro.cli(ppo.Args, args=flags), params)
+            checkpoint.load_model(path, network_args(tyro.cli(ppo.Args, args=flags)), params)
     # A header that lies about the network: the tensors' shapes are checked too.
     other = ppo.make_network(3, (8, 5), "relu").init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
     with pytest.raises(ValueError, match="does not hold the parameters of this network"):
-        ppo.load_model(path, args, other)
+        checkpoint.load_model(path, network_args(args), other)
 
 
 def damaged_copies(model: str, folder) -> dict[str, str]:
@@ -917,8 +925,8 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_finite_parameters(tm
     assert summary["status"] == "non_finite" and summary["non_finite_iteration"] == 1
     assert summary["non_finite"] in line and "eval" not in summary
     assert "charts/SPS" in read_scalars(run_dir)  # the log was flushed and reads back
-    args = ppo.tyro.cli(ppo.Args, args=TINY)
-    saved = ppo.load_model(os.path.join(run_dir, "model.safetensors"), args, tiny_network_params(args))
+    args = tyro.cli(ppo.Args, args=TINY)
+    saved = checkpoint.load_model(os.path.join(run_dir, "model.safetensors"), network_args(args), tiny_network_params(args))
     assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(saved))
 
 
@@ -941,15 +949,15 @@ def test_a_signal_ends_the_run_cleanly_after_the_current_iteration(signum, statu
     assert summary["status"] == "interrupted" and 0 < summary["global_step"] < total
     # It stopped at the end of an iteration, and everything up to there was logged.
     assert len(read_scalars(run_dir)["charts/SPS"]) == summary["global_step"] // 2048
-    args = ppo.tyro.cli(ppo.Args, args=TINY)
-    ppo.load_model(os.path.join(run_dir, "model.safetensors"), args, tiny_network_params(args))
+    args = tyro.cli(ppo.Args, args=TINY)
+    checkpoint.load_model(os.path.join(run_dir, "model.safetensors"), network_args(args), tiny_network_params(args))
 
 
 @pytest.mark.parametrize("activation, feature_factor, gain", [("relu", 1, np.sqrt(2)), ("crelu", 2, 1.0)])
 def test_hidden_sizes_and_activation_set_the_shared_torso(activation, feature_factor, gain):
     # A CReLU layer of width w passes 2w features on, so each next layer reads twice as many inputs.
     # Its orthogonal init has gain 1 (CReLU keeps the norm), a ReLU layer's sqrt(2): unit columns x gain.
-    args = ppo.tyro.cli(ppo.Args, args=["--hidden-sizes", "32", "16", "8", "--activation", activation])
+    args = tyro.cli(ppo.Args, args=["--hidden-sizes", "32", "16", "8", "--activation", activation])
     network = ppo.make_network(3, args.hidden_sizes, args.activation)
     params = network.init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
     f = feature_factor

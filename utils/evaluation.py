@@ -17,6 +17,9 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 
 class EvalResult(NamedTuple):
@@ -126,3 +129,31 @@ def evaluate(
     return EvalResult(returns=final.returns, lengths=final.lengths, finished=final.finished,
                       terminated=final.terminated, final_obs=final.final_obs,
                       fingerprint=final.fingerprint, frames=final.frames)
+
+
+# The final evaluations: gymnax's protocol (no sticky actions, as in gymnax's published baselines) and
+# MinAtar's (sticky actions with probability 0.1), each with sampled actions (the policy PPO trained)
+# and greedy ones, whatever the training used.
+EVALUATIONS = [("", "sampled"), ("", "greedy"), ("sticky_0.1", "sampled"), ("sticky_0.1", "greedy")]
+
+
+def make_evaluate_policies(env: Any, env_params: Any, policy_apply: Callable, num_episodes: int,
+                           num_devices: int) -> tuple[Callable, Mesh]:
+    """One program for all EVALUATIONS, split over as many of `num_devices` as divide their number; each
+    device plays its evaluations one after another, so each gives the numbers it gives alone.
+    `env_params` must have a `sticky_action_prob` field (ppo_breakout.StickyParams)."""
+    num_devices = max(n for n in (1, 2, 4) if n <= num_devices and len(EVALUATIONS) % n == 0)
+    mesh = Mesh(np.array(jax.devices()[:num_devices]), ("data",))
+    greedy = jnp.array([mode == "greedy" for _, mode in EVALUATIONS])
+    sticky = jnp.array([0.1 if protocol else 0.0 for protocol, _ in EVALUATIONS])
+
+    def evaluate_share(key, params, greedy, sticky):
+        return jax.lax.map(lambda config: evaluate(
+            key, params, config[0], env=env, env_params=env_params.replace(sticky_action_prob=config[1]),
+            policy_apply=policy_apply, num_episodes=num_episodes,
+            max_steps=env_params.env_params.max_steps_in_episode + 1, num_recorded=min(8, num_episodes)),
+            (greedy, sticky))
+
+    evaluate_split = jax.shard_map(evaluate_share, mesh=mesh, in_specs=(P(), P(), P("data"), P("data")),
+                                   out_specs=P("data"), check_vma=False)
+    return jax.jit(lambda key, params: evaluate_split(key, params, greedy, sticky)), mesh

@@ -1,12 +1,16 @@
-"""Pictures of a trained agent: its play as a GIF, its behaviour at evaluation, its learning curve.
+"""Pictures of a trained agent: its play as a GIF, its behaviour at evaluation, its learning curve; and
+the reports that print them, log them to TensorBoard and write them into the run directory.
 
 Everything here reads results on the host (numpy arrays from `utils.evaluation.evaluate` and logged
 returns) and writes files; nothing runs under `jit`. MinAtar observations are 10x10 grids with one
 binary channel per kind of object, drawn here one colour per channel.
 """
 
+import concurrent.futures
 import io
+import os
 
+import jax
 import matplotlib
 
 matplotlib.use("Agg")  # write files, never open a window
@@ -218,3 +222,49 @@ def log_encoded_image(writer, tag: str, data: bytes, step: int) -> None:
     width, height = Image.open(io.BytesIO(data)).size
     image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=data)
     writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+
+
+def write_picture(writer, run_dir: str, name: str, tag: str, data: bytes, step: int) -> None:
+    """An encoded picture into the run directory (as `name`) and into TensorBoard (as `tag`)."""
+    with open(os.path.join(run_dir, name), "wb") as f:
+        f.write(data)
+    log_encoded_image(writer, tag, data, step)
+
+
+def log_histograms(writer, histograms: dict, step: int) -> None:
+    """Histograms given as {name: {"counts", "edges"}} (fixed bins counted inside jit), under histograms/."""
+    for name, h in histograms.items():
+        centres = (h["edges"][1:] + h["edges"][:-1]) / 2
+        if h["counts"].sum() > 0 and np.isfinite(h["edges"]).all():
+            writer.add_histogram_raw(
+                f"histograms/{name}", min=h["edges"][0], max=h["edges"][-1], num=h["counts"].sum(),
+                sum=(centres * h["counts"]).sum(), sum_squares=(centres**2 * h["counts"]).sum(),
+                bucket_limits=h["edges"][1:].tolist(), bucket_counts=h["counts"].tolist(), global_step=step)
+
+
+def report_evaluations(results, evaluations: list, writer, run_dir: str, step: int, title: str,
+                       breakout: bool) -> dict:
+    """Prints, logs and draws (play.gif, behaviour.png) the results of `evaluations` ([(protocol, mode)],
+    results stacked in that order); returns summary.json's `eval`: the results of protocol "" at its
+    top level, the others under their protocol."""
+    evaluation, labelled = {}, {}
+    fetched = jax.device_get(results)
+    for i, (protocol, mode) in enumerate(evaluations):
+        result = jax.tree.map(lambda x: x[i], fetched)
+        assert result.finished.all(), "an evaluation episode outran the environment's time limit"
+        labelled[f"{mode}, {protocol.replace('_', ' ')}" if protocol else mode] = result
+        numbers = evaluation.setdefault(protocol, {})[mode] = behaviour_numbers(result, breakout)
+        tag = f"eval/{protocol}/{mode}" if protocol else f"eval/{mode}"
+        writer.add_scalar(f"{tag}_return", numbers["mean"], step)
+        writer.add_scalar(f"{tag}_distinct_episodes", numbers["distinct_episodes"], step)
+        print(f"eval ({mode:>7}{', ' + protocol.replace('_', ' ') if protocol else ''}, "
+              f"{len(result.returns)} episodes): return {numbers['mean']:.2f} ± {numbers['std']:.2f}, "
+              f"{numbers['distinct_episodes']} distinct")
+    # The GIF is encoded in a thread (Pillow's encoder releases the GIL) while matplotlib draws.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        gif = pool.submit(play_gif_of, labelled["sampled"], labelled["sampled, sticky 0.1"], breakout)
+        write_picture(writer, run_dir, "behaviour.png", "eval/behaviour",
+                      figure_to_png(behaviour_figure(labelled, breakout, title)), step)
+        if gif.result() is not None:
+            write_picture(writer, run_dir, "play.gif", "eval/play", gif.result(), step)
+    return {**evaluation.pop(""), **evaluation}
