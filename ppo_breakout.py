@@ -114,91 +114,6 @@ class Args:
     """the number of PPO iterations, total_timesteps // batch_size"""
 
 
-def check_args(args: Args) -> str | None:
-    """What is wrong with `args`, or None; runs before anything is compiled or written."""
-    flag = cli.flag
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"):
-        if getattr(args, name) <= 0:
-            return f"{flag(name)} must be positive, got {getattr(args, name)}"
-    if not 0 <= args.seed < 2**32:  # jax.random.key takes a 32-bit seed
-        return f"--seed must be in [0, {2**32 - 1}], got {args.seed}"
-    # `not x > 0` rather than `x <= 0`: NaN fails every comparison; math.isfinite turns away inf.
-    for name, low in (("learning_rate", "positive"), ("max_grad_norm", "positive"), ("ent_coef", "non-negative"),
-                      ("vf_coef", "non-negative")):
-        value = getattr(args, name)
-        if not ((value > 0 if low == "positive" else value >= 0) and math.isfinite(value)):
-            return f"{flag(name)} must be a {low} finite number, got {value}"
-    for name, low_open, high_open in (("gamma", False, False), ("gae_lambda", False, False),
-                                      ("clip_coef", True, False), ("sticky_action_prob", False, True)):
-        value = getattr(args, name)
-        if not ((0 < value if low_open else 0 <= value) and (value < 1 if high_open else value <= 1)):
-            return f"{flag(name)} must be in {'(' if low_open else '['}0, 1{')' if high_open else ']'}, got {value}"
-    if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
-        return f"--hidden-sizes must be one or more positive widths, got {args.hidden_sizes}"
-    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", args.exp_name) or ".." in args.exp_name:
-        return (f"--exp-name must be a plain name of letters, digits, '_', '-' and '.' (no path, no '..', "
-                f"at most 100 characters), got {args.exp_name!r}")
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches:
-        return (f"the batch (num_envs * num_steps = {batch_size}) does not divide into "
-                f"--num-minibatches {args.num_minibatches}")
-    if args.total_timesteps < batch_size:
-        return (f"--total-timesteps {args.total_timesteps} is less than one batch "
-                f"(num_envs * num_steps = {batch_size})")
-    num_updates = args.total_timesteps // batch_size * args.update_epochs * args.num_minibatches
-    if num_updates >= 2**31:  # optax counts gradient steps (schedule, Adam's bias correction) in int32
-        return (f"{num_updates:,} gradient steps (--total-timesteps / batch x --update-epochs x "
-                f"--num-minibatches) is more than the optimizer can count ({2**31 - 1:,})")
-    if args.num_devices < 0:
-        return f"--num-devices must be 0 (automatic) or positive, got {args.num_devices}"
-    if args.num_devices > len(jax.devices()):
-        return f"--num-devices {args.num_devices} is more than the {len(jax.devices())} devices JAX has"
-    if args.num_devices and (args.num_envs % args.num_devices or batch_size // args.num_minibatches % args.num_devices):
-        return (f"--num-devices {args.num_devices} must divide both --num-envs {args.num_envs} and "
-                f"the minibatch size {batch_size // args.num_minibatches}")
-    if args.jax_cache_dir and os.path.exists(os.path.expanduser(args.jax_cache_dir)) and not os.path.isdir(
-            os.path.expanduser(args.jax_cache_dir)):
-        return f"--jax-cache-dir {args.jax_cache_dir} exists and is not a directory"
-    if args.load_model and not os.path.isfile(args.load_model):
-        return f"--load-model {args.load_model}: no such file"
-    if args.env_id not in gymnax.registered_envs:
-        return f"unknown --env-id {args.env_id!r}; gymnax has: {', '.join(gymnax.registered_envs)}"
-    env, env_params = gymnax.make(args.env_id)
-    if not isinstance(env.action_space(env_params), spaces.Discrete):
-        return f"--env-id {args.env_id} has continuous actions; this script handles discrete ones"
-    training, evaluation = estimate_memory_bytes(args, env, env_params)
-    available = cli.available_memory_bytes()
-    if training > available:
-        return (f"training would need about {training / 2**30:,.1f} GiB of memory (--num-envs x --num-steps, "
-                f"--hidden-sizes) and {available / 2**30:,.1f} GiB are available")
-    if evaluation > available:
-        return (f"--eval-episodes {args.eval_episodes} would need about {evaluation / 2**30:,.1f} GiB of memory "
-                f"to play all episodes at once and {available / 2**30:,.1f} GiB are available")
-    return None
-
-
-def estimate_memory_bytes(args: Args, env, env_params) -> tuple[int, int]:
-    """Generous estimates of the peak memory of (training, evaluation): a few copies of what the
-    rollout, a minibatch step and the evaluation's episodes hold at once."""
-    obs, state = jax.eval_shape(env.reset, jax.random.key(0), env_params)
-    nbytes = lambda tree: sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa: E731
-    layer_inputs = [math.prod(obs.shape)] + [2 * width for width in args.hidden_sizes]  # CReLU: 2x
-    num_params = sum(i * o for i, o in zip(layer_inputs, [*args.hidden_sizes, env.num_actions + 1]))
-    features, sample = 4 * sum(layer_inputs), nbytes(obs) + 4 * (env.num_actions + 8)  # per sample
-    training = 4 * (args.num_envs * args.num_steps * sample + args.num_envs * (nbytes(state) + features)
-                    + args.num_envs * args.num_steps // args.num_minibatches * features + 8 * num_params)
-    return training, 2 * args.eval_episodes * (2 * nbytes(obs) + nbytes(state) + features)
-
-
-def fill_runtime_fields(args: Args) -> Args:
-    args.batch_size = args.num_envs * args.num_steps
-    args.minibatch_size = args.batch_size // args.num_minibatches
-    args.num_iterations = args.total_timesteps // args.batch_size
-    args.num_devices = args.num_devices or max(  # at most 8: only 1 and 2 were measured
-        n for n in range(1, min(len(jax.devices()), 8) + 1) if args.num_envs % n == 0 and args.minibatch_size % n == 0)
-    return args
-
-
 # ---------------------------------------------------------------------------------------------------
 # Environment: gymnax, with MinAtar's sticky actions
 # ---------------------------------------------------------------------------------------------------
@@ -524,6 +439,94 @@ def make_parallel_update_step(args: Args, env, env_params, network: hk.Transform
     # the devices, on top of update_minibatch's average. A test checks the parameters stay replicated.
     return jax.jit(jax.shard_map(make_update_step(args, env, env_params, network, optimizer, axis_name="data"),
                                  mesh=mesh, in_specs=(RUNNER_SPECS,), out_specs=(RUNNER_SPECS, P()), check_vma=False))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Arguments: checked before anything is compiled or written
+# ---------------------------------------------------------------------------------------------------
+def check_args(args: Args) -> str | None:
+    """What is wrong with `args`, or None; runs before anything is compiled or written."""
+    flag = cli.flag
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"):
+        if getattr(args, name) <= 0:
+            return f"{flag(name)} must be positive, got {getattr(args, name)}"
+    if not 0 <= args.seed < 2**32:  # jax.random.key takes a 32-bit seed
+        return f"--seed must be in [0, {2**32 - 1}], got {args.seed}"
+    # `not x > 0` rather than `x <= 0`: NaN fails every comparison; math.isfinite turns away inf.
+    for name, low in (("learning_rate", "positive"), ("max_grad_norm", "positive"), ("ent_coef", "non-negative"),
+                      ("vf_coef", "non-negative")):
+        value = getattr(args, name)
+        if not ((value > 0 if low == "positive" else value >= 0) and math.isfinite(value)):
+            return f"{flag(name)} must be a {low} finite number, got {value}"
+    for name, low_open, high_open in (("gamma", False, False), ("gae_lambda", False, False),
+                                      ("clip_coef", True, False), ("sticky_action_prob", False, True)):
+        value = getattr(args, name)
+        if not ((0 < value if low_open else 0 <= value) and (value < 1 if high_open else value <= 1)):
+            return f"{flag(name)} must be in {'(' if low_open else '['}0, 1{')' if high_open else ']'}, got {value}"
+    if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
+        return f"--hidden-sizes must be one or more positive widths, got {args.hidden_sizes}"
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", args.exp_name) or ".." in args.exp_name:
+        return (f"--exp-name must be a plain name of letters, digits, '_', '-' and '.' (no path, no '..', "
+                f"at most 100 characters), got {args.exp_name!r}")
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches:
+        return (f"the batch (num_envs * num_steps = {batch_size}) does not divide into "
+                f"--num-minibatches {args.num_minibatches}")
+    if args.total_timesteps < batch_size:
+        return (f"--total-timesteps {args.total_timesteps} is less than one batch "
+                f"(num_envs * num_steps = {batch_size})")
+    num_updates = args.total_timesteps // batch_size * args.update_epochs * args.num_minibatches
+    if num_updates >= 2**31:  # optax counts gradient steps (schedule, Adam's bias correction) in int32
+        return (f"{num_updates:,} gradient steps (--total-timesteps / batch x --update-epochs x "
+                f"--num-minibatches) is more than the optimizer can count ({2**31 - 1:,})")
+    if args.num_devices < 0:
+        return f"--num-devices must be 0 (automatic) or positive, got {args.num_devices}"
+    if args.num_devices > len(jax.devices()):
+        return f"--num-devices {args.num_devices} is more than the {len(jax.devices())} devices JAX has"
+    if args.num_devices and (args.num_envs % args.num_devices or batch_size // args.num_minibatches % args.num_devices):
+        return (f"--num-devices {args.num_devices} must divide both --num-envs {args.num_envs} and "
+                f"the minibatch size {batch_size // args.num_minibatches}")
+    if args.jax_cache_dir and os.path.exists(os.path.expanduser(args.jax_cache_dir)) and not os.path.isdir(
+            os.path.expanduser(args.jax_cache_dir)):
+        return f"--jax-cache-dir {args.jax_cache_dir} exists and is not a directory"
+    if args.load_model and not os.path.isfile(args.load_model):
+        return f"--load-model {args.load_model}: no such file"
+    if args.env_id not in gymnax.registered_envs:
+        return f"unknown --env-id {args.env_id!r}; gymnax has: {', '.join(gymnax.registered_envs)}"
+    env, env_params = gymnax.make(args.env_id)
+    if not isinstance(env.action_space(env_params), spaces.Discrete):
+        return f"--env-id {args.env_id} has continuous actions; this script handles discrete ones"
+    training, evaluation = estimate_memory_bytes(args, env, env_params)
+    available = cli.available_memory_bytes()
+    if training > available:
+        return (f"training would need about {training / 2**30:,.1f} GiB of memory (--num-envs x --num-steps, "
+                f"--hidden-sizes) and {available / 2**30:,.1f} GiB are available")
+    if evaluation > available:
+        return (f"--eval-episodes {args.eval_episodes} would need about {evaluation / 2**30:,.1f} GiB of memory "
+                f"to play all episodes at once and {available / 2**30:,.1f} GiB are available")
+    return None
+
+
+def estimate_memory_bytes(args: Args, env, env_params) -> tuple[int, int]:
+    """Generous estimates of the peak memory of (training, evaluation): a few copies of what the
+    rollout, a minibatch step and the evaluation's episodes hold at once."""
+    obs, state = jax.eval_shape(env.reset, jax.random.key(0), env_params)
+    nbytes = lambda tree: sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa: E731
+    layer_inputs = [math.prod(obs.shape)] + [2 * width for width in args.hidden_sizes]  # CReLU: 2x
+    num_params = sum(i * o for i, o in zip(layer_inputs, [*args.hidden_sizes, env.num_actions + 1]))
+    features, sample = 4 * sum(layer_inputs), nbytes(obs) + 4 * (env.num_actions + 8)  # per sample
+    training = 4 * (args.num_envs * args.num_steps * sample + args.num_envs * (nbytes(state) + features)
+                    + args.num_envs * args.num_steps // args.num_minibatches * features + 8 * num_params)
+    return training, 2 * args.eval_episodes * (2 * nbytes(obs) + nbytes(state) + features)
+
+
+def fill_runtime_fields(args: Args) -> Args:
+    args.batch_size = args.num_envs * args.num_steps
+    args.minibatch_size = args.batch_size // args.num_minibatches
+    args.num_iterations = args.total_timesteps // args.batch_size
+    args.num_devices = args.num_devices or max(  # at most 8: only 1 and 2 were measured
+        n for n in range(1, min(len(jax.devices()), 8) + 1) if args.num_envs % n == 0 and args.minibatch_size % n == 0)
+    return args
 
 
 # ---------------------------------------------------------------------------------------------------
