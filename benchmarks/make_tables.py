@@ -1,11 +1,13 @@
-"""Writes docs/tuning.md's tables and figures from the committed JSON in benchmarks/results/.
+"""Writes the docs' tables and figures from the committed JSON in benchmarks/results/: the tuning
+evidence, search and harness speed (docs/tuning.md, tuning_history.md), the ratio study
+(docs/loss_stability.md) and the long runs (docs/ppo_breakout.md).
 
-Each table sits in docs/tuning.md between `<!-- begin: NAME -->` and `<!-- end: NAME -->` lines and is
+Each table sits in its page between `<!-- begin: NAME -->` and `<!-- end: NAME -->` lines and is
 replaced whole; the text around it is left alone. Every statistic is recomputed from the per-seed
 returns with benchmarks/stats.py (fixed resampling seeds), so a rerun gives the same digits.
 
 Run:  python benchmarks/make_tables.py            # rewrite the tables and the figures
-      python benchmarks/make_tables.py --check    # exit 1 if a table in the docs is stale
+      python benchmarks/make_tables.py --check    # exit 1 if a table in those pages is stale
       python benchmarks/make_tables.py --commands # the harness commands behind every result file
 """
 
@@ -23,8 +25,10 @@ sys.path.insert(0, ROOT)
 from benchmarks import stats  # noqa: E402
 
 RESULTS = os.path.join("benchmarks", "results")
-DOC = os.path.join("docs", "tuning.md")
+DOCS = tuple(os.path.join("docs", name) for name in (
+    "tuning.md", "tuning_history.md", "loss_stability.md", "ppo_breakout.md"))
 FIGURES = os.path.join("docs", "figures", "tuning")
+SCRIPT_FIGURES = os.path.join("docs", "figures", "ppo_breakout")
 THIS = "python benchmarks/make_tables.py"
 
 # The evidence for each default: one alternative value per row, on seeds 1-N, against the defaults
@@ -51,7 +55,7 @@ CONFIRMATION = ("defaults.json", "best.json")  # in results/confirmation, seeds 
 @dataclasses.dataclass
 class Args:
     check: bool = False
-    """write nothing; exit 1 if a generated table in docs/tuning.md differs from the committed JSON's"""
+    """write nothing; exit 1 if a generated table in the pages differs from the committed JSON's"""
     commands: bool = False
     """print the harness command behind each evidence file, and exit"""
 
@@ -248,9 +252,85 @@ def history_tables() -> str:
     return "\n".join(lines)
 
 
+# Does the log-space ratio matter in practice: each setting trained with both ratios on the same seeds
+# (results/ratio/{name}_{log,direct}.json, benchmarks/tune.py --stability).
+RATIO_SETTINGS = [("defaults", "defaults"), ("ent_coef_0", "no entropy bonus"),
+                  ("learning_rate_0.02", "learning rate 0.02 (4x)"), ("total_timesteps_5M", "5M steps (5x)")]
+
+
+def ratio_table() -> str:
+    lines = ["| setting | seeds | ratio | IQM | mean | seeds with a non-finite value | largest logit gap "
+             "| log-ratio range |", "|---|---:|---|---:|---:|---:|---:|---|"]
+    comparisons = ["| setting | IQM difference, direct − log | mean difference | P(direct > log) |",
+                   "|---|---:|---:|---:|"]
+    for name, label in RATIO_SETTINGS:
+        results = {ratio: load("ratio", f"{name}_{ratio}.json") for ratio in ("log", "direct")}
+        if results["log"]["seeds"] != results["direct"]["seeds"]:
+            raise ValueError(f"the two ratios of {name} must share their seeds")
+        for ratio, result in results.items():
+            s, st = stats.summarize(result["eval_returns"]), result["stability"]
+            lines.append(f"| {label} | {seed_range(result['seeds'])} | {ratio} | {ci(s['iqm'])} | {ci(s['mean'])} "
+                         f"| {sum(st['non_finite'])} | {max(st['logit_gap_max']):.1f} "
+                         f"| [{min(st['log_ratio_min']):.2f}, {max(st['log_ratio_max']):.2f}] |")
+        c = stats.compare(results["log"]["eval_returns"], results["direct"]["eval_returns"])
+        comparisons.append(f"| {label} | {signed_ci(c['iqm_difference'])} | {signed_ci(c['mean_difference'])} "
+                           f"| {ci(c['probability_of_improvement'], '{:.2f}')} |")
+    return "\n".join(lines + [""] + comparisons)
+
+
+def ratio_commands() -> str:
+    return "\n".join(["```bash", *[load("ratio", f"{name}_{ratio}.json")["command"]
+                                    for name, _ in RATIO_SETTINGS for ratio in ("log", "direct")], "```"])
+
+
+# Five seeds of the script, longer and under MinAtar's protocol (results_table.py JSON).
+LONG_RUNS = [("readme_table.json", "no sticky actions", "1M"), ("long/defaults_5M.json", "no sticky actions", "5M"),
+             ("long/defaults_10M.json", "no sticky actions", "10M"), ("long/sticky_0.1_1M.json", "sticky 0.1", "1M"),
+             ("long/sticky_0.1_5M.json", "sticky 0.1", "5M")]
+
+
+def long_runs_table() -> str:
+    lines = ["| trained with | steps | gymnax protocol, per seed | mean [95% CI] | lowest "
+             "| MinAtar protocol (sticky 0.1), per seed | mean [95% CI] | lowest | train SPS |",
+             "|---|---:|---|---:|---:|---|---:|---:|---:|"]
+    for path, protocol, steps in LONG_RUNS:
+        rows = load(*path.split("/"))["rows"]
+        cells = []
+        for pick in (lambda e: e["sampled"]["mean"], lambda e: e["sticky_0.1"]["sampled"]["mean"]):
+            returns = np.array([pick(row["eval"]) for row in rows])
+            interval = stats.bootstrap_ci(returns, stats.mean)
+            cells += [", ".join(f"{r:.1f}" for r in returns),
+                      f"{returns.mean():.1f} [{interval[0]:.1f}, {interval[1]:.1f}]", f"{returns.min():.1f}"]
+        sps = np.mean([row["sps"] for row in rows])
+        lines.append(f"| {protocol} | {steps} | {' | '.join(cells)} | {sps / 1000:.0f}k |")
+    return "\n".join(lines)
+
+
+def long_runs_commands() -> str:
+    return "\n".join(["```bash", *[load(*path.split("/"))["command"] for path, _, _ in LONG_RUNS], "```"])
+
+
+def long_runs_figure() -> None:
+    """docs/figures/ppo_breakout/long_runs.png: each long run's training curve, seed by seed."""
+    plt = _pyplot()
+    os.makedirs(os.path.join(ROOT, SCRIPT_FIGURES), exist_ok=True)
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for color, (path, protocol, steps) in zip(("C0", "C1", "C2", "C3", "C4"), LONG_RUNS):
+        for i, row in enumerate(load(*path.split("/"))["rows"]):
+            ax.plot(np.array(row["curve"]["steps"]) / 1e6, row["curve"]["returns"], color=color, lw=0.8,
+                    label=f"{steps} steps, {protocol}" if i == 0 else None)
+    ax.set(xlabel="environment steps (millions)", ylabel="training return (episodes ended per iteration)",
+           title="Five seeds of ppo_breakout.py each, by training length and protocol")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(ROOT, SCRIPT_FIGURES, "long_runs.png"), dpi=80)
+    plt.close(fig)
+
+
 TABLES = {"evidence": evidence_table, "search": search_table, "search-space": search_space_table,
           "confirmation": confirmation_table, "confirmation-commands": confirmation_commands,
-          "speed": speed_table, "history": history_tables}
+          "speed": speed_table, "history": history_tables, "ratio": ratio_table, "ratio-commands": ratio_commands,
+          "long-runs": long_runs_table, "long-runs-commands": long_runs_commands}
 
 
 def with_tables(doc: str) -> str:
@@ -258,7 +338,7 @@ def with_tables(doc: str) -> str:
     def replace(match):
         name = match.group(1)
         return f"<!-- begin: {name} -->\n{TABLES[name]()}\n<!-- end: {name} -->"
-    return re.sub(r"<!-- begin: ([\w-]+) -->\n.*?\n<!-- end: \1 -->", replace, doc, flags=re.S)
+    return re.sub(r"<!-- begin: ([\w-]+) -->\n(?:.*?\n)?<!-- end: \1 -->", replace, doc, flags=re.S)
 
 
 def _pyplot():
@@ -335,19 +415,22 @@ def main() -> None:
     if args.commands:
         print("\n".join(evidence_commands()))
         return
-    path = os.path.join(ROOT, DOC)
-    with open(path) as f:
-        doc = f.read()
-    new = with_tables(doc)
+    docs = {}
+    for name in DOCS:
+        with open(os.path.join(ROOT, name)) as f:
+            docs[name] = f.read()
+    stale = [name for name, doc in docs.items() if with_tables(doc) != doc]
     if args.check:
-        if new != doc:
-            print(f"error: tables in {DOC} differ from the committed JSON; run {THIS}", file=sys.stderr)
+        if stale:
+            print(f"error: tables in {', '.join(stale)} differ from the committed JSON; run {THIS}", file=sys.stderr)
             sys.exit(1)
         return
-    with open(path, "w") as f:
-        f.write(new)
+    for name in stale:
+        with open(os.path.join(ROOT, name), "w") as f:
+            f.write(with_tables(docs[name]))
     search_figure()
     confirmation_figure()
+    long_runs_figure()
 
 
 if __name__ == "__main__":

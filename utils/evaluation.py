@@ -9,6 +9,9 @@ and whatever the reset environment does afterwards is ignored.
 Besides returns and lengths it keeps what behaviour diagnostics need: each episode's last observation
 (before the auto-reset), whether it terminated, a fingerprint of its observation sequence (equal
 fingerprints: the same episode), and the frames of the first `num_recorded` episodes.
+
+`make_evaluate_policies` compiles ppo_breakout.py's final evaluations, both protocols and both
+policies, into one program.
 """
 
 import functools
