@@ -489,7 +489,7 @@ def test_docs_page_shows_the_committed_summary():
     assert max(max(w["ulps_neighbour_correlation"]) for w in windows["float64"].values()) < 0.3
 
 
-def test_check_argss_name_the_flag_at_the_boundaries():
+def test_check_args_names_the_flag_at_the_boundaries():
     for good in [ls.Args(out_dir="runs/does/not/exist/yet"), ls.Args(num_points=ls.MIN_POINTS),
                  ls.Args(min_logit=-1e300, max_logit=-1e299), ls.Args(clip_coef=0.999)]:
         assert ls.check_args(good) is None, good
