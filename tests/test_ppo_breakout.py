@@ -243,6 +243,21 @@ def test_optimizer_clips_the_global_norm_and_anneals_the_learning_rate_to_zero()
     np.testing.assert_allclose(mu["b"], np.array([0.0, 0.1]) * 0.5 / norm * (1 - 0.9**20), rtol=1e-4)
 
 
+def test_optimizer_keeps_the_rate_without_annealing_and_uses_adams_eps_of_1e5():
+    args = ppo.fill_runtime_fields(ppo.Args(total_timesteps=20 * 64 * 128, num_minibatches=1, update_epochs=1,
+                                            anneal_lr=False, num_devices=1))
+    optimizer = ppo.make_optimizer(args)
+    params = {"w": jnp.zeros(2)}
+    state = optimizer.init(params)
+    for _ in range(20):
+        updates, state = optimizer.update({"w": jnp.array([1e-6, -1e-6])}, state, params)
+        rate = optax.tree_utils.tree_get(state, "learning_rate", filtering=lambda _, v: isinstance(v, jax.Array))
+        np.testing.assert_allclose(rate, 5e-3)
+    # Adam's step is lr * m / (sqrt(v) + eps); with a gradient of 1e-6 and eps 1e-5 it is lr / 11, where
+    # optax's default eps of 1e-8 would give nearly lr.
+    np.testing.assert_allclose(updates["w"], [-5e-3 / 11, 5e-3 / 11], rtol=1e-3)
+
+
 def test_direct_ratio_takes_the_same_step_where_both_are_finite():
     # --ratio direct divides softmax probabilities (the paper's formula); on ordinary logits its
     # minibatch step equals the log-space one, and its log_ratio is the same.
