@@ -291,8 +291,8 @@ LONG_RUNS = [("readme_table.json", "no sticky actions", "1M"), ("long/defaults_5
 
 def long_runs_table() -> str:
     lines = ["| trained with | steps | gymnax protocol, per seed | mean [95% CI] | lowest "
-             "| MinAtar protocol (sticky 0.1), per seed | mean [95% CI] | lowest | train SPS |",
-             "|---|---:|---|---:|---:|---|---:|---:|---:|"]
+             "| MinAtar protocol (sticky 0.1), per seed | mean [95% CI] | lowest |",
+             "|---|---:|---|---:|---:|---|---:|---:|"]
     for path, protocol, steps in LONG_RUNS:
         rows = load(*path.split("/"))["rows"]
         cells = []
@@ -301,8 +301,7 @@ def long_runs_table() -> str:
             interval = stats.bootstrap_ci(returns, stats.mean)
             cells += [", ".join(f"{r:.1f}" for r in returns),
                       f"{returns.mean():.1f} [{interval[0]:.1f}, {interval[1]:.1f}]", f"{returns.min():.1f}"]
-        sps = np.mean([row["sps"] for row in rows])
-        lines.append(f"| {protocol} | {steps} | {' | '.join(cells)} | {sps / 1000:.0f}k |")
+        lines.append(f"| {protocol} | {steps} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
@@ -319,11 +318,41 @@ def long_runs_figure() -> None:
         for i, row in enumerate(load(*path.split("/"))["rows"]):
             ax.plot(np.array(row["curve"]["steps"]) / 1e6, row["curve"]["returns"], color=color, lw=0.8,
                     label=f"{steps} steps, {protocol}" if i == 0 else None)
-    ax.set(xlabel="environment steps (millions)", ylabel="training return (episodes ended per iteration)",
+    ax.set(xlabel="environment steps (millions)", ylabel="training return, under the protocol trained with",
            title="Five seeds of ppo_breakout.py each, by training length and protocol")
     ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(ROOT, SCRIPT_FIGURES, "long_runs.png"), dpi=80)
+    plt.close(fig)
+
+
+def ratio_figure() -> None:
+    """docs/figures/loss_stability/ratio_in_training.png: per seed, each ratio's return and largest logit gap."""
+    plt = _pyplot()
+    fig, (ax_return, ax_gap) = plt.subplots(1, 2, figsize=(13, 4.5))
+    legend = set()  # each entry once per panel
+    for i, (name, label) in enumerate(RATIO_SETTINGS):
+        for offset, ratio, color in ((-0.15, "log", "C0"), (0.15, "direct", "C3")):
+            result = load("ratio", f"{name}_{ratio}.json")
+            jitter = np.linspace(-0.08, 0.08, len(result["seeds"]))
+            non_finite = np.array(result["stability"]["non_finite"])
+            for ax, values in ((ax_return, result["eval_returns"]), (ax_gap, result["stability"]["logit_gap_max"])):
+                x, y = i + offset + jitter, np.array(values, float)
+                for points, marker, text in ((~non_finite, "o", ratio),
+                                             (non_finite, "x", f"{ratio}, a non-finite value in training")):
+                    if points.any():
+                        ax.scatter(x[points], y[points], s=14, marker=marker, color=color,
+                                   label=None if (ax, text) in legend else text)
+                        legend.add((ax, text))
+    ax_gap.axhline(88, color="0.5", ls="--", lw=1, label="float32 softmax breaks beyond (sweep 1)")
+    ax_gap.set_yscale("log")
+    for ax, ylabel in ((ax_return, "evaluation return per seed"), (ax_gap, "largest logit gap in training, per seed")):
+        ax.set_xticks(range(len(RATIO_SETTINGS)), [label for _, label in RATIO_SETTINGS])
+        ax.set(ylabel=ylabel)
+        ax.legend(fontsize=9)
+    fig.suptitle("The direct ratio against log space in real training (float32)")
+    fig.tight_layout()
+    fig.savefig(os.path.join(ROOT, "docs", "figures", "loss_stability", "ratio_in_training.png"), dpi=80)
     plt.close(fig)
 
 
@@ -431,6 +460,7 @@ def main() -> None:
     search_figure()
     confirmation_figure()
     long_runs_figure()
+    ratio_figure()
 
 
 if __name__ == "__main__":
