@@ -1,0 +1,67 @@
+"""Tests of benchmarks/make_tables.py: the docs' tables are the committed JSON's, and a stale one is caught."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from benchmarks import make_tables, stats  # noqa: E402
+
+
+def test_committed_docs_hold_the_tables_of_the_committed_json():
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "make_tables.py"), "--check"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_block_is_replaced_whole_and_the_text_around_it_kept(monkeypatch):
+    monkeypatch.setitem(make_tables.TABLES, "speed", lambda: "| new |\n|---|")
+    doc = "before\n<!-- begin: speed -->\n| old |\n| stale row |\n<!-- end: speed -->\nafter\n"
+    assert make_tables.with_tables(doc) == "before\n<!-- begin: speed -->\n| new |\n|---|\n<!-- end: speed -->\nafter\n"
+    empty = "<!-- begin: speed -->\n<!-- end: speed -->"  # a new page's block is filled too
+    assert make_tables.with_tables(empty) == "<!-- begin: speed -->\n| new |\n|---|\n<!-- end: speed -->"
+
+
+def test_check_fails_on_a_stale_table(tmp_path, monkeypatch):
+    page = tmp_path / "page.md"
+    page.write_text("<!-- begin: confirmation -->\n| typed by hand |\n<!-- end: confirmation -->\n")
+    monkeypatch.setattr(make_tables, "ROOT", str(tmp_path))
+    monkeypatch.setattr(make_tables, "DOCS", ("page.md",))
+    monkeypatch.setattr(make_tables, "load", lambda *parts: _fake_confirmation())
+    monkeypatch.setattr(sys, "argv", ["make_tables.py", "--check"])
+    with pytest.raises(SystemExit) as exit_:
+        make_tables.main()
+    assert exit_.value.code == 1
+
+
+def _fake_confirmation() -> dict:
+    return {"seeds": [1, 2, 3, 4], "eval_returns": [10.0, 20.0, 30.0, 40.0], "timing": {"train_seconds": 1.0},
+            "command": "python benchmarks/tune.py"}
+
+
+def test_evidence_rows_compare_on_the_alternatives_seeds(monkeypatch):
+    # The defaults ran seeds 1-4, the alternative seeds 3-4: the comparison must use the defaults' 3-4.
+    defaults = {"seeds": [1, 2, 3, 4], "eval_returns": [100.0, 100.0, 10.0, 20.0]}
+    alternative = {"seeds": [3, 4], "eval_returns": [30.0, 40.0], "changed_args": {"gae_lambda": 0.95}}
+    files = {make_tables.EVIDENCE_DEFAULTS: defaults, "gae_lambda_0.95.json": alternative}
+    monkeypatch.setattr(make_tables, "EVIDENCE", [("--ppo.gae-lambda 0.95", 2)])
+    monkeypatch.setattr(make_tables, "load", lambda *parts: files[parts[-1]])
+    row = make_tables.evidence_table().splitlines()[-1]
+    difference = stats.compare(np.array([10.0, 20.0]), np.array([30.0, 40.0]))["mean_difference"]
+    assert f"{difference['value']:+.1f}" == "+20.0" and "+20.0" in row
+    assert "| 3-4 |" in row and "| `gae_lambda` 0.9 | 0.95 |" in row
+
+
+def test_every_evidence_file_holds_the_setting_its_command_names():
+    for flags, num_seeds in make_tables.EVIDENCE:
+        with open(os.path.join(ROOT, make_tables.RESULTS, "evidence", make_tables.evidence_file(flags))) as f:
+            result = json.load(f)
+        assert len(result["seeds"]) == num_seeds, flags
+        (name, value), = result["changed_args"].items()
+        assert flags.split()[0] == "--ppo." + name.replace("_", "-"), flags
+        assert " ".join(map(str, value if isinstance(value, list) else [value])) == " ".join(flags.split()[1:])
