@@ -161,8 +161,8 @@ def confirmation_commands() -> str:
     return "\n".join(["```bash", *[r["command"] for r in results], "```"])
 
 
-def search_table() -> str:
-    report = load("search.json")
+def search_table(file: str = "search.json") -> str:
+    report = load(file)
     trials = report["trials"]
     complete = [t for t in trials if t["state"] == "COMPLETE"]
     pruned = [t for t in trials if t["state"] == "PRUNED"]
@@ -359,7 +359,8 @@ def ratio_figure() -> None:
 TABLES = {"evidence": evidence_table, "search": search_table, "search-space": search_space_table,
           "confirmation": confirmation_table, "confirmation-commands": confirmation_commands,
           "speed": speed_table, "history": history_tables, "ratio": ratio_table, "ratio-commands": ratio_commands,
-          "long-runs": long_runs_table, "long-runs-commands": long_runs_commands}
+          "long-runs": long_runs_table, "long-runs-commands": long_runs_commands,
+          "search-sticky": lambda: search_table("search_sticky.json")}
 
 
 def with_tables(doc: str) -> str:
