@@ -453,16 +453,19 @@ def check_args(args: Args) -> str | None:
     if not 0 <= args.seed < 2**32:  # jax.random.key takes a 32-bit seed
         return f"--seed must be in [0, {2**32 - 1}], got {args.seed}"
     # `not x > 0` rather than `x <= 0`: NaN fails every comparison; math.isfinite turns away inf.
-    for name, low in (("learning_rate", "positive"), ("max_grad_norm", "positive"), ("ent_coef", "non-negative"),
-                      ("vf_coef", "non-negative")):
-        value = getattr(args, name)
-        if not ((value > 0 if low == "positive" else value >= 0) and math.isfinite(value)):
-            return f"{flag(name)} must be a {low} finite number, got {value}"
-    for name, low_open, high_open in (("gamma", False, False), ("gae_lambda", False, False),
-                                      ("clip_coef", True, False), ("sticky_action_prob", False, True)):
-        value = getattr(args, name)
-        if not ((0 < value if low_open else 0 <= value) and (value < 1 if high_open else value <= 1)):
-            return f"{flag(name)} must be in {'(' if low_open else '['}0, 1{')' if high_open else ']'}, got {value}"
+    for name in ("learning_rate", "max_grad_norm"):
+        if not (getattr(args, name) > 0 and math.isfinite(getattr(args, name))):
+            return f"{flag(name)} must be a positive finite number, got {getattr(args, name)}"
+    for name in ("ent_coef", "vf_coef"):
+        if not (getattr(args, name) >= 0 and math.isfinite(getattr(args, name))):
+            return f"{flag(name)} must be a non-negative finite number, got {getattr(args, name)}"
+    for name in ("gamma", "gae_lambda"):
+        if not 0 <= getattr(args, name) <= 1:
+            return f"{flag(name)} must be in [0, 1], got {getattr(args, name)}"
+    if not 0 < args.clip_coef <= 1:
+        return f"--clip-coef must be in (0, 1], got {args.clip_coef}"
+    if not 0 <= args.sticky_action_prob < 1:
+        return f"--sticky-action-prob must be in [0, 1), got {args.sticky_action_prob}"
     if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
         return f"--hidden-sizes must be one or more positive widths, got {args.hidden_sizes}"
     if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", args.exp_name) or ".." in args.exp_name:
@@ -486,8 +489,8 @@ def check_args(args: Args) -> str | None:
     if args.num_devices and (args.num_envs % args.num_devices or batch_size // args.num_minibatches % args.num_devices):
         return (f"--num-devices {args.num_devices} must divide both --num-envs {args.num_envs} and "
                 f"the minibatch size {batch_size // args.num_minibatches}")
-    if args.jax_cache_dir and os.path.exists(os.path.expanduser(args.jax_cache_dir)) and not os.path.isdir(
-            os.path.expanduser(args.jax_cache_dir)):
+    cache_dir = os.path.expanduser(args.jax_cache_dir)
+    if args.jax_cache_dir and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
         return f"--jax-cache-dir {args.jax_cache_dir} exists and is not a directory"
     if args.load_model and not os.path.isfile(args.load_model):
         return f"--load-model {args.load_model}: no such file"
@@ -536,11 +539,18 @@ LOSS_METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac",
 NETWORK_ARGS = ("env_id", "hidden_sizes", "activation")  # in the model file's header
 
 
+class History(NamedTuple):
+    """The learning curve: the mean return of the training episodes that ended in each iteration."""
+    steps: list
+    seconds: list
+    returns: list
+
+
 def train(args: Args, update_step, runner: RunnerState, writer: SummaryWriter, stop: cli.StopSignals):
     """Runs and logs the iterations; stops early on a signal or a non-finite value. Returns the runner to
     keep (on a non-finite value, the one before), the status, the iterations kept, the non-finite metric
-    and the learning curve (steps, seconds, mean return of the episodes ended in each iteration)."""
-    every_tenth, curve, recent_return = max(1, args.num_iterations // 10), ([], [], []), float("nan")
+    and the History."""
+    every_tenth, history, recent_return = max(1, args.num_iterations // 10), History([], [], []), float("nan")
     train_start = time.time()
     for iteration in range(1, args.num_iterations + 1):
         previous = runner
@@ -552,8 +562,9 @@ def train(args: Args, update_step, runner: RunnerState, writer: SummaryWriter, s
             writer.add_scalar("charts/episodic_return", recent_return, global_step)
             writer.add_scalar("charts/episodic_length", metrics["episode_length_sum"] / metrics["episodes"],
                               global_step)
-            for values, value in zip(curve, (global_step, elapsed, float(recent_return))):
-                values.append(value)
+            history.steps.append(global_step)
+            history.seconds.append(elapsed)
+            history.returns.append(float(recent_return))
         writer.add_scalar("charts/SPS", global_step / elapsed, global_step)
         writer.add_scalar("charts/learning_rate", metrics["learning_rate"], global_step)
         scalars = {f"losses/{name}": metrics[name] for name in LOSS_METRICS}
@@ -569,12 +580,12 @@ def train(args: Args, update_step, runner: RunnerState, writer: SummaryWriter, s
         if not metrics["finite"]:
             bad = next((f"losses/{name}" for name in LOSS_METRICS if not np.isfinite(metrics[name])),
                        "diagnostics/grad_norm" if not np.isfinite(metrics["grad_norm"]) else "the parameters")
-            return previous, "non_finite", iteration - 1, bad, curve
+            return previous, "non_finite", iteration - 1, bad, history
         if tenth:
             print(f"step {global_step:>9,} | SPS {global_step / elapsed:>8,.0f} | episodic return {recent_return:6.2f}")
         if stop.received:
-            return runner, "interrupted", iteration, None, curve
-    return runner, "completed", args.num_iterations, None, curve
+            return runner, "interrupted", iteration, None, history
+    return runner, "completed", args.num_iterations, None, history
 
 
 def main() -> None:
@@ -629,14 +640,15 @@ def main() -> None:
                 print(f"{args.env_id}: {args.num_iterations} iterations of {args.batch_size} steps on "
                       f"{args.num_devices} device(s); compiled in {compile_seconds:.1f}s; logging to {run_dir}")
                 train_start = time.time()
-                runner, status, iterations, non_finite, curve = train(args, update_step, runner, writer, stop)
+                runner, status, iterations, non_finite, history = train(args, update_step, runner, writer, stop)
                 params, global_step = runner.params, iterations * args.batch_size
                 summary.update(train_seconds=time.time() - train_start, iterations=iterations)
                 summary["sps"] = global_step / summary["train_seconds"] if global_step else 0.0
             else:
                 print(f"{args.env_id}: evaluating {args.load_model}; compiled in {compile_seconds:.1f}s; "
                       f"logging to {run_dir}")
-                status, non_finite, global_step, summary["load_model"] = "completed", None, 0, args.load_model
+                status, non_finite, global_step = "completed", None, 0
+                summary["load_model"] = args.load_model
             summary.update(status=status, global_step=global_step)
             if status == "non_finite":
                 print(f"error: {non_finite} is non-finite in iteration {iterations + 1}; stopped and saved "
@@ -650,10 +662,10 @@ def main() -> None:
             eval_start = time.time()
             if status == "completed":
                 results = evaluate_policies(eval_key, eval_params(params))
-            if training and curve[0]:
+            if training and history.steps:
                 visualize.write_picture(writer, run_dir, "learning_curve.png", "charts/learning_curve",
                                         visualize.figure_to_png(visualize.learning_curve_figure(
-                                            *curve, f"{args.env_id}, seed {args.seed}")), global_step)
+                                            *history, f"{args.env_id}, seed {args.seed}")), global_step)
             if status == "completed":
                 summary.update(eval_episodes=args.eval_episodes, eval=visualize.report_evaluations(
                     results, EVALUATIONS, writer, run_dir, global_step,
