@@ -41,7 +41,7 @@ from jax.sharding import PartitionSpec as P
 from tensorboardX import SummaryWriter
 
 from utils import checkpoint, cli, diagnostics, visualize
-from utils.evaluation import EVALUATIONS, make_evaluate_policies
+from utils.evaluation import EVALUATION_PAIRS, make_evaluate_pair
 
 
 @dataclasses.dataclass
@@ -215,6 +215,7 @@ class Transition(NamedTuple):
     final_value: jax.Array  # v(final_obs) where truncated, else 0; final_obs is o_{t+1} before auto-reset
     episode_return: jax.Array  # return of the episode that ended at this step (0 if none ended)
     episode_length: jax.Array  # length of the episode that ended at this step (0 if none ended)
+    active_units: jax.Array  # (num_features,) torso features that fired in some environment (for diagnostics)
 
 
 class Batch(NamedTuple):
@@ -236,7 +237,7 @@ def collect_trajectories(runner: RunnerState, env, env_params, network: hk.Trans
 
     def env_step(runner: RunnerState, _) -> tuple[RunnerState, Transition]:
         key, action_key, step_key = jax.random.split(runner.key, 3)
-        logits, value = network.apply(runner.params, runner.obs)
+        logits, value, features = network.apply(runner.params, runner.obs, return_features=True)
         action = jax.random.categorical(action_key, logits)
         obs, env_state, reward, terminated, truncated, info = vmap_step(
             jax.random.split(step_key, runner.obs.shape[0]), runner.env_state, action, env_params)
@@ -251,7 +252,7 @@ def collect_trajectories(runner: RunnerState, env, env_params, network: hk.Trans
         transition = Transition(
             obs=runner.obs, action=action, logits=logits, value=value, reward=reward, terminated=terminated,
             truncated=truncated, final_value=final_value, episode_return=jnp.where(done, episode_return, 0.0),
-            episode_length=jnp.where(done, episode_length, 0))
+            episode_length=jnp.where(done, episode_length, 0), active_units=(features > 0).any(axis=0))
         runner = runner._replace(env_state=env_state, obs=obs, key=key,
                                  episode_return=jnp.where(done, 0.0, episode_return),
                                  episode_length=jnp.where(done, 0, episode_length))
@@ -305,7 +306,7 @@ def value_loss(values: jax.Array, old_values: jax.Array, targets: jax.Array,
 
 def ppo_loss(params: hk.Params, network: hk.Transformed, mb: Batch,
              args: Args) -> tuple[jax.Array, dict[str, jax.Array]]:
-    logits, values, features = network.apply(params, mb.obs, return_features=True)
+    logits, values = network.apply(params, mb.obs)
     pg_loss, log_ratio = policy_loss(logits, mb.logits, mb.action, mb.advantage, args.clip_coef, args.ratio)
     v_loss = value_loss(values, mb.value, mb.target, args.clip_coef, args.clip_vloss)
     entropy = -jnp.sum(jax.nn.softmax(logits) * jax.nn.log_softmax(logits), axis=-1).mean()
@@ -321,7 +322,6 @@ def ppo_loss(params: hk.Params, network: hk.Transformed, mb: Batch,
     if args.diagnostics:  # a histogram with fixed edges, so the minibatches' counts add up
         metrics["log_ratio_counts"] = diagnostics.bin_counts(log_ratio, -diagnostics.LOG_RATIO_RANGE,
                                                              diagnostics.LOG_RATIO_RANGE)
-        metrics["active_units"] = (features > 0).any(axis=0)
     return loss, metrics
 
 
@@ -388,8 +388,8 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
             jax.random.split(epochs_key, args.update_epochs))
         runner = runner._replace(params=params, opt_state=opt_state, key=next_key)
 
-        update_stats = {name: loss_metrics.pop(name) for name in ("log_ratio_min", "log_ratio_max", "log_ratio_counts",
-                                                                   "active_units") if name in loss_metrics}
+        update_stats = {name: loss_metrics.pop(name) for name in ("log_ratio_min", "log_ratio_max", "log_ratio_counts")
+                        if name in loss_metrics}
         # Means over epochs x minibatches (and devices, in one reduction), with the moments of explained variance.
         error = batch.target - batch.value
         means = over_devices(jax.lax.pmean, jnp.stack([value.mean() for value in loss_metrics.values()] + [
@@ -407,8 +407,8 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
         metrics["finite"] = (jnp.isfinite(jax.flatten_util.ravel_pytree(params)[0]).all()
                              & jnp.all(jnp.stack([jnp.isfinite(v).all() for v in loss_metrics.values()])))
         if args.diagnostics:
-            metrics.update(diagnostics.training_diagnostics(
-                batch, update_stats, functools.partial(over_devices, axis_name=axis_name)))
+            metrics.update(diagnostics.training_diagnostics(batch, traj.active_units.any(axis=0), update_stats,
+                                                            functools.partial(over_devices, axis_name=axis_name)))
         return runner, metrics
 
     return update_step
@@ -557,23 +557,20 @@ def train(args: Args, update_step, runner: RunnerState, writer: SummaryWriter, s
         runner, metrics = update_step(runner)
         metrics = jax.device_get(metrics)  # the one host transfer per iteration
         global_step, elapsed = iteration * args.batch_size, time.time() - train_start
+        scalars = {"charts/SPS": global_step / elapsed, "charts/learning_rate": metrics["learning_rate"]}
         if metrics["episodes"] > 0:  # only episodes that ended, never placeholders
             recent_return = metrics["episode_return_sum"] / metrics["episodes"]
-            writer.add_scalar("charts/episodic_return", recent_return, global_step)
-            writer.add_scalar("charts/episodic_length", metrics["episode_length_sum"] / metrics["episodes"],
-                              global_step)
+            scalars["charts/episodic_return"] = recent_return
+            scalars["charts/episodic_length"] = metrics["episode_length_sum"] / metrics["episodes"]
             history.steps.append(global_step)
             history.seconds.append(elapsed)
             history.returns.append(float(recent_return))
-        writer.add_scalar("charts/SPS", global_step / elapsed, global_step)
-        writer.add_scalar("charts/learning_rate", metrics["learning_rate"], global_step)
-        scalars = {f"losses/{name}": metrics[name] for name in LOSS_METRICS}
+        scalars |= {f"losses/{name}": metrics[name] for name in LOSS_METRICS}
         if args.diagnostics:
             scalars |= {f"diagnostics/{name}": metrics[name] for name in diagnostics.DIAGNOSTICS}
             scalars |= {f"diagnostics/action_{a}_frequency": f for a, f in enumerate(metrics["action_frequency"])}
-        for tag, value in scalars.items():
-            if np.isfinite(value):  # the guard below reports what is not
-                writer.add_scalar(tag, value, global_step)
+        visualize.log_scalars(writer, {tag: v for tag, v in scalars.items() if np.isfinite(v)},  # the guard below
+                              global_step)  # reports what is not finite
         tenth = iteration % every_tenth == 0 or iteration == args.num_iterations
         if args.diagnostics and (tenth or iteration == 1):
             visualize.log_histograms(writer, metrics["histograms"], global_step)
@@ -610,7 +607,7 @@ def main() -> None:
     fill_runtime_fields(args)
 
     # Compile ahead of time, before the run directory exists and before the clock for SPS starts. One
-    # evaluation program serves both protocols and both policies: they are its inputs.
+    # evaluation program serves both protocols and both policies: which pair it plays is its input.
     compile_start = time.time()
     if training:
         optimizer = make_optimizer(args)
@@ -620,10 +617,10 @@ def main() -> None:
                          out_shardings=make_runner_shardings(mesh))(runner_key)
         update_step = make_parallel_update_step(args, env, env_params, network, optimizer, mesh).lower(runner).compile()
         params = runner.params
-    evaluate_policies, eval_mesh = make_evaluate_policies(env, env_params, lambda p, o: network.apply(p, o)[0],
-                                                          args.eval_episodes, args.num_devices)
+    evaluate_pair, eval_mesh = make_evaluate_pair(env, env_params, lambda p, o: network.apply(p, o)[0],
+                                                  args.eval_episodes, args.num_devices)
     eval_params = lambda p: jax.device_put(p, NamedSharding(eval_mesh, P()))  # noqa: E731
-    evaluate_policies = evaluate_policies.lower(eval_key, eval_params(params)).compile()
+    evaluate_pair = evaluate_pair.lower(eval_key, eval_params(params), 0).compile()
     compile_seconds = time.time() - compile_start
 
     run_dir = cli.make_run_dir(f"{args.env_id}__{args.exp_name}__{args.seed}")
@@ -661,14 +658,14 @@ def main() -> None:
             # Evaluate: the evaluations run on the devices while the host draws the learning curve.
             eval_start = time.time()
             if status == "completed":
-                results = evaluate_policies(eval_key, eval_params(params))
+                results = [evaluate_pair(eval_key, eval_params(params), pair) for pair in range(len(EVALUATION_PAIRS))]
             if training and history.steps:
                 visualize.write_picture(writer, run_dir, "learning_curve.png", "charts/learning_curve",
                                         visualize.figure_to_png(visualize.learning_curve_figure(
                                             *history, f"{args.env_id}, seed {args.seed}")), global_step)
             if status == "completed":
                 summary.update(eval_episodes=args.eval_episodes, eval=visualize.report_evaluations(
-                    results, EVALUATIONS, writer, run_dir, global_step,
+                    results, writer, run_dir, global_step,
                     f"{args.env_id}, seed {args.seed}, step {global_step:,}", args.env_id == "Breakout-MinAtar"))
                 summary["eval_seconds"] = time.time() - eval_start
 

@@ -22,7 +22,7 @@ import pytest
 import rlax
 import tyro
 from jax.sharding import Mesh
-from PIL import Image
+from PIL import Image, ImageSequence
 from jax.sharding import PartitionSpec as P
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -108,7 +108,7 @@ def test_gae_matches_reference_on_terminated_and_truncated_episodes():
     traj = ppo.Transition(obs=None, action=None, logits=None, value=jnp.asarray(values),
                           reward=jnp.asarray(rewards), terminated=jnp.asarray(terminated),
                           truncated=jnp.asarray(truncated), final_value=jnp.asarray(final_values),
-                          episode_return=None, episode_length=None)
+                          episode_return=None, episode_length=None, active_units=None)
 
     advantages, targets = ppo.calculate_gae(traj, jnp.asarray(last_value), gamma, lam)
 
@@ -296,9 +296,10 @@ def test_value_loss_clipping_is_pessimistic():
 # ------------------------------------------------------------------------------------------------
 # Rollout bookkeeping and evaluation, on a probe environment with known answers
 # ------------------------------------------------------------------------------------------------
-def always_action_one(obs):
+def always_action_one(obs, return_features=False):
     """Action 1 with certainty; the value is the probe's clock, time / 10, so v(o) tells which o it saw."""
-    return jnp.tile(jnp.array([-20.0, 20.0]), (obs.shape[0], 1)), obs[:, 0]
+    logits, value = jnp.tile(jnp.array([-20.0, 20.0]), (obs.shape[0], 1)), obs[:, 0]
+    return (logits, value, obs) if return_features else (logits, value)
 
 
 def probe_runner(key: jax.Array, num_envs: int = 16) -> ppo.RunnerState:
@@ -464,6 +465,21 @@ def test_sticky_actions_repeat_the_executed_action_with_the_given_probability():
     assert abs((executed == previous)[first].mean() - prob) < 4 * np.sqrt(prob * (1 - prob) / first.sum())
 
 
+def test_play_gif_shows_every_step_of_each_episode():
+    # Frames store only what changed (the rest is transparent); decoded, each must show every panel whole.
+    rng = np.random.default_rng(0)
+    episodes = [rng.random((n, 10, 10, 4)) < 0.1 for n in (6, 4)]
+    with Image.open(io.BytesIO(visualize.play_gif(episodes, ["a", "b"]))) as image:
+        frames = [np.asarray(frame.convert("RGB")) for frame in ImageSequence.Iterator(image)]
+    assert len(frames) == 6  # the longer episode's length; the shorter one stays on its last step
+    size = 10 * visualize.CELL
+    for t, frame in enumerate(frames):
+        for i, episode in enumerate(episodes):
+            panel = frame[visualize.LABEL:visualize.LABEL + size, i * (size + 4):i * (size + 4) + size]
+            expected = visualize.PALETTE[visualize.grids_to_pixels(episode[min(t, len(episode) - 1)][None])[0]]
+            np.testing.assert_array_equal(panel, expected, err_msg=f"frame {t}, episode {i}")
+
+
 def test_breakout_behaviour_reads_where_the_ball_was_lost():
     obs = np.zeros((2, 10, 10, 4), np.float32)
     obs[:, 9, 6, visualize.BREAKOUT_PADDLE] = 1  # paddle at column 6
@@ -478,14 +494,18 @@ def test_breakout_behaviour_reads_where_the_ball_was_lost():
     assert visualize.breakout_ball_lost(obs, np.array([False, True]))["bricks_left"].tolist() == [7]
 
 
-def test_loss_reports_which_torso_units_fired():
+def test_rollout_records_which_torso_units_fired():
     args, network, params, mb = loss_setup(hidden_sizes=(8, 4), activation="relu")
     params["torso_0"]["b"] = params["torso_0"]["b"].at[:3].set(-100.0)  # three first-layer units never fire
-    _, metrics = ppo.ppo_loss(params, network, mb, args)
-    _, _, features = network.apply(params, mb.obs, return_features=True)
-    assert features.shape == (64, 12)  # 8 + 4 ReLU features
-    np.testing.assert_array_equal(metrics["active_units"], np.asarray(features > 0).any(0))
-    assert not np.asarray(metrics["active_units"])[:3].any()
+    env, env_params = ppo.make_env(args.env_id, 0.0)
+    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(jax.random.key(1), 4), env_params)
+    runner = ppo.RunnerState(params=params, opt_state=None, env_state=env_state, obs=obs, episode_return=jnp.zeros(4),
+                             episode_length=jnp.zeros(4, jnp.int32), key=jax.random.key(2))
+    _, traj = ppo.collect_trajectories(runner, env, env_params, network, num_steps=5)
+    _, _, features = jax.vmap(lambda o: network.apply(params, o, return_features=True))(traj.obs)
+    assert features.shape == (5, 4, 12)  # 8 + 4 ReLU features of 4 environments at 5 steps
+    np.testing.assert_array_equal(traj.active_units, np.asarray(features > 0).any(axis=1))
+    assert not np.asarray(traj.active_units)[:, :3].any()
 
 
 def test_training_diagnostics_against_numpy_on_one_and_two_devices():
@@ -508,18 +528,19 @@ def test_training_diagnostics_against_numpy_on_one_and_two_devices():
     # The loss's per-step statistics, (epochs=1, minibatches=2, ...) on each device.
     log_ratio = jnp.array([[-0.3, 0.1, 0.2, 0.5], [-0.1, 0.0, 0.4, 2.0]])  # 2.0 lies beyond the histogram
     per_minibatch = lambda x: jnp.stack([x, x], axis=1)[:, None]  # noqa: E731 (device, epoch, minibatch, ...)
-    stats = {"active_units": per_minibatch(active), "log_ratio_min": per_minibatch(log_ratio.min(1)),
+    stats = {"log_ratio_min": per_minibatch(log_ratio.min(1)),
              "log_ratio_max": per_minibatch(log_ratio.max(1)),
              "log_ratio_counts": per_minibatch(jax.vmap(lambda x: diagnostics.bin_counts(x, -1.0, 1.0))(log_ratio))}
     expected.update(log_ratio_min=-0.3, log_ratio_max=2.0)
     single = jax.jit(lambda batch: diagnostics.training_diagnostics(
-        batch, {name: jnp.concatenate([x[0], x[1]], axis=1) for name, x in stats.items()},
+        batch, active.any(axis=0), {name: jnp.concatenate([x[0], x[1]], axis=1) for name, x in stats.items()},
         functools.partial(ppo.over_devices, axis_name=None)))(batch)
     mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
     parallel = jax.jit(jax.shard_map(
-        lambda batch, stats: diagnostics.training_diagnostics(batch, {name: x[0] for name, x in stats.items()},
-                                                              functools.partial(ppo.over_devices, axis_name="data")),
-        mesh=mesh, in_specs=P("data"), out_specs=P(), check_vma=False))(batch, stats)
+        lambda batch, active, stats: diagnostics.training_diagnostics(
+            batch, active[0], {name: x[0] for name, x in stats.items()},
+            functools.partial(ppo.over_devices, axis_name="data")),
+        mesh=mesh, in_specs=P("data"), out_specs=P(), check_vma=False))(batch, active, stats)
     for result in (single, parallel):
         for name, value in expected.items():
             np.testing.assert_allclose(result[name], value, rtol=1e-5, err_msg=name)

@@ -17,17 +17,18 @@ def bin_counts(x: jax.Array, low: jax.Array | float, high: jax.Array | float) ->
     return (bins.astype(jnp.int32)[:, None] == jnp.arange(HISTOGRAM_BINS)).sum(0)
 
 
-def training_diagnostics(batch, update_stats: dict[str, jax.Array], over_devices) -> dict:
+def training_diagnostics(batch, active_units: jax.Array, update_stats: dict[str, jax.Array], over_devices) -> dict:
     """The diagnostics/ scalars and histograms of one iteration: the logit gap (what loss_stability.py
-    sweeps), the log-ratio range, advantage and value statistics, torso units silent on every
-    minibatch, action frequencies. `batch` is the update's Batch; `over_devices(collective, x)` reduces
-    across the devices (x itself on one). The reductions are packed: one max, one sum, one mean."""
+    sweeps), the log-ratio range, advantage and value statistics, torso units silent on the whole
+    rollout, action frequencies. `batch` is the update's Batch, `active_units` which torso features fired
+    on some observation of the rollout; `over_devices(collective, x)` reduces across the devices (x itself
+    on one). The reductions are packed: one max, one sum, one mean."""
     data = {"logits": batch.logits, "advantage": batch.advantage, "value": batch.value}
     maxima = over_devices(jax.lax.pmax, jnp.concatenate([
         jnp.stack([m for x in data.values() for m in (-x.min(), x.max())]),  # each histogram's range
         jnp.stack([(batch.logits.max(-1) - batch.logits.min(-1)).max(), -update_stats["log_ratio_min"].min(),
                    update_stats["log_ratio_max"].max()]),
-        update_stats["active_units"].any(axis=(0, 1)).astype(jnp.float32)]))
+        active_units.astype(jnp.float32)]))
     edges = {name: jnp.linspace(-maxima[2 * i], jnp.maximum(maxima[2 * i + 1], 1e-6 - maxima[2 * i]),
                                 HISTOGRAM_BINS + 1) for i, name in enumerate(data)}
     counts = [bin_counts(x, edges[name][0], edges[name][-1]) for name, x in data.items()]

@@ -10,8 +10,8 @@ Besides returns and lengths it keeps what behaviour diagnostics need: each episo
 (before the auto-reset), whether it terminated, a fingerprint of its observation sequence (equal
 fingerprints: the same episode), and the frames of the first `num_recorded` episodes.
 
-`make_evaluate_policies` compiles ppo_breakout.py's final evaluations, both protocols and both
-policies, into one program.
+`make_evaluate_pair` compiles ppo_breakout.py's final evaluations, both protocols and both policies,
+into one program that plays them two at a time.
 """
 
 import functools
@@ -136,19 +136,21 @@ def evaluate(
 
 # The final evaluations: gymnax's protocol (no sticky actions, as in gymnax's published baselines) and
 # MinAtar's (sticky actions with probability 0.1), each with sampled actions (the policy PPO trained)
-# and greedy ones, whatever the training used.
+# and greedy ones, whatever the training used. They are played in pairs (indices into EVALUATIONS), the
+# sampled pair first: play.gif needs only that one.
 EVALUATIONS = [("", "sampled"), ("", "greedy"), ("sticky_0.1", "sampled"), ("sticky_0.1", "greedy")]
+EVALUATION_PAIRS = [(0, 2), (1, 3)]
 
 
-def make_evaluate_policies(env: Any, env_params: Any, policy_apply: Callable, num_episodes: int,
-                           num_devices: int) -> tuple[Callable, Mesh]:
-    """One program for all EVALUATIONS, split over as many of `num_devices` as divide their number; each
-    device plays its evaluations one after another, so each gives the numbers it gives alone.
-    `env_params` must have a `sticky_action_prob` field (ppo_breakout.StickyParams)."""
-    num_devices = max(n for n in (1, 2, 4) if n <= num_devices and len(EVALUATIONS) % n == 0)
-    mesh = Mesh(np.array(jax.devices()[:num_devices]), ("data",))
-    greedy = jnp.array([mode == "greedy" for _, mode in EVALUATIONS])
-    sticky = jnp.array([0.1 if protocol else 0.0 for protocol, _ in EVALUATIONS])
+def make_evaluate_pair(env: Any, env_params: Any, policy_apply: Callable, num_episodes: int,
+                       num_devices: int) -> tuple[Callable, Mesh]:
+    """A program that plays `EVALUATION_PAIRS[pair]`, split over up to two devices, each evaluation with
+    the same key, so each gives the numbers it gives alone. Compiled once and called per pair, so the
+    host can read the first pair while the second plays. `env_params` must have a `sticky_action_prob`
+    field (ppo_breakout.StickyParams)."""
+    mesh = Mesh(np.array(jax.devices()[:min(num_devices, 2)]), ("data",))
+    greedy = jnp.array([[EVALUATIONS[i][1] == "greedy" for i in pair] for pair in EVALUATION_PAIRS])
+    sticky = jnp.array([[0.1 if EVALUATIONS[i][0] else 0.0 for i in pair] for pair in EVALUATION_PAIRS])
 
     def evaluate_share(key, params, greedy, sticky):
         return jax.lax.map(lambda config: evaluate(
@@ -159,4 +161,4 @@ def make_evaluate_policies(env: Any, env_params: Any, policy_apply: Callable, nu
 
     evaluate_split = jax.shard_map(evaluate_share, mesh=mesh, in_specs=(P(), P(), P("data"), P("data")),
                                    out_specs=P("data"), check_vma=False)
-    return jax.jit(lambda key, params: evaluate_split(key, params, greedy, sticky)), mesh
+    return jax.jit(lambda key, params, pair: evaluate_split(key, params, greedy[pair], sticky[pair])), mesh

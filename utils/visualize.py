@@ -18,11 +18,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
+from utils.evaluation import EVALUATION_PAIRS, EVALUATIONS  # noqa: E402
+
 # Breakout-MinAtar's channels, from gymnax's MinBreakout: paddle 0, ball 1, trail 2, brick 3.
 BREAKOUT_CHANNELS = ["paddle", "ball", "trail", "brick"]
 BREAKOUT_PADDLE, BREAKOUT_BALL, BREAKOUT_BRICK = 0, 1, 3
 CHANNEL_COLOURS = (np.array(plt.get_cmap("tab10").colors) * 255).astype(np.uint8)
 CELL = 16  # pixels per grid cell
+# The GIF's 16 colours (4 bits a pixel): 0 empty, 1-10 the channels, 11 grid lines, 12 text, 15 "unchanged".
+PALETTE = np.zeros((16, 3), np.uint8)
+PALETTE[1:11], PALETTE[11], PALETTE[12] = CHANNEL_COLOURS, (40, 40, 40), (255, 255, 255)
+TRANSPARENT = 15
 LABEL = 14  # pixels of the label strip above each panel
 
 
@@ -53,10 +59,6 @@ def play_gif(episodes: list[np.ndarray], titles: list[str], channel_names: list[
     """A GIF of several episodes side by side, one panel each, frame t showing every episode's step t
     (an episode that has ended stays on its last frame). Each episode is (T, H, W, C); a legend of the
     channels' colours runs along the bottom."""
-    palette = np.zeros((256, 3), np.uint8)
-    palette[1:11] = CHANNEL_COLOURS
-    palette[11] = (40, 40, 40)  # grid lines
-    palette[12] = (255, 255, 255)  # text
     num_frames = max(len(episode) for episode in episodes)
     height, width = episodes[0].shape[1] * CELL, episodes[0].shape[2] * CELL
     gap = 4
@@ -79,11 +81,15 @@ def play_gif(episodes: list[np.ndarray], titles: list[str], channel_names: list[
         canvas[:len(episode) - 1, :LABEL, left:left + width] = text_strip(width, [(2, title, 12)])
         canvas[len(episode) - 1:, :LABEL, left:left + width] = text_strip(
             width, [(2, f"{title}: over at {len(episode) - 1}", 12)])
+    # Pixels that did not change since the previous frame become transparent, so each frame stores only
+    # the ball's and paddle's moves. Pillow's optimize=True finds the same per frame in Python, 2-3x slower.
+    canvas[1:][canvas[1:] == canvas[:-1]] = TRANSPARENT
     frames = [Image.fromarray(frame, "P") for frame in canvas]
     for frame in frames:
-        frame.putpalette(palette.ravel().tolist())
+        frame.putpalette(PALETTE.ravel().tolist())
     buffer = io.BytesIO()
-    frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:], duration=frame_ms, loop=0)
+    frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:], duration=frame_ms, loop=0,
+                   optimize=False, transparency=TRANSPARENT, disposal=1)  # 1: draw each frame over the last
     return buffer.getvalue()
 
 
@@ -143,7 +149,7 @@ def behaviour_figure(results: dict, breakout: bool, title: str) -> plt.Figure:
     """Returns, lengths, distinct episodes and how episodes end for each evaluation in `results`
     ({label: EvalResult on the host}), and for Breakout where the ball is lost."""
     fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
-    fig.subplots_adjust(left=0.05, right=0.97, bottom=0.08, top=0.92, wspace=0.3, hspace=0.35)
+    fig.subplots_adjust(left=0.05, right=0.97, bottom=0.08, top=0.88, wspace=0.3, hspace=0.35)
     fig.suptitle(title, fontsize=13)
     labels = list(results)
     colours = plt.get_cmap("tab10").colors
@@ -152,7 +158,7 @@ def behaviour_figure(results: dict, breakout: bool, title: str) -> plt.Figure:
         bins = np.arange(r.returns.min(), r.returns.max() + 2) - 0.5 if breakout else 30
         axes[0, 0].hist(r.returns, bins=bins, histtype="step", linewidth=1.8, color=colour,
                         label=f"{label}: mean {r.returns.mean():.1f}")
-        axes[0, 1].hist(r.lengths, bins=30, histtype="step", linewidth=1.8, color=colour, label=label)
+        axes[0, 1].hist(r.lengths, bins=30, histtype="step", linewidth=1.8, color=colour)
     axes[0, 0].set(title="Return of each episode" + (" (bricks broken)" if breakout else ""),
                    xlabel="return", ylabel="episodes")
     axes[0, 1].set(title="Episode length", xlabel="steps", ylabel="episodes")
@@ -162,10 +168,9 @@ def behaviour_figure(results: dict, breakout: bool, title: str) -> plt.Figure:
     axes[0, 2].set(title=f"Distinct episodes (of {len(results[labels[0]].returns)} played)",
                    ylabel="episodes with their own observation sequence")
     terminated = np.array([results[label].terminated.mean() for label in labels])
-    axes[1, 2].bar(labels, terminated, color="tab:red", label="ended by the game (ball lost)" if breakout
-                   else "ended by the game")
-    axes[1, 2].bar(labels, 1 - terminated, bottom=terminated, color="tab:gray", label="time limit")
-    axes[1, 2].set(title="How episodes end", ylabel="share of episodes", ylim=(0, 1))
+    axes[1, 2].bar(labels, terminated, color=colours[:len(labels)])
+    axes[1, 2].set(title="Ended by the game" + (" (ball lost)" if breakout else ""), ylim=(0, 1),
+                   ylabel="share of episodes (the rest: time limit)")
     if breakout:
         lost = breakout_ball_lost(results[labels[0]].final_obs, results[labels[0]].terminated)
         grid = np.zeros((10, 10), int)
@@ -177,15 +182,15 @@ def behaviour_figure(results: dict, breakout: bool, title: str) -> plt.Figure:
         for label, colour in zip(labels, colours):
             r = results[label]
             left = breakout_ball_lost(r.final_obs, r.terminated)["bricks_left"]
-            axes[1, 1].hist(left, bins=np.arange(0, 32) - 0.5, histtype="step", linewidth=1.8, color=colour,
-                            label=label)
+            axes[1, 1].hist(left, bins=np.arange(0, 32) - 0.5, histtype="step", linewidth=1.8, color=colour)
         axes[1, 1].set(title="Bricks left on the wall when the ball is lost", xlabel="bricks", ylabel="episodes")
     else:
         axes[1, 0].axis("off")
         axes[1, 1].axis("off")
+    # One legend for all panels: each evaluation has one colour throughout.
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="upper center", ncols=len(labels), fontsize=10,
+               bbox_to_anchor=(0.5, 0.955))
     for ax in axes.flat:
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=10)
         ax.tick_params(labelsize=10)
     axes[0, 2].tick_params(axis="x", labelrotation=15)
     axes[1, 2].tick_params(axis="x", labelrotation=15)
@@ -231,6 +236,14 @@ def write_picture(writer, run_dir: str, name: str, tag: str, data: bytes, step: 
     log_encoded_image(writer, tag, data, step)
 
 
+def log_scalars(writer, scalars: dict, step: int) -> None:
+    """Scalars of one step as one TensorBoard event: one write to the writer's queue instead of one a tag."""
+    from tensorboardX.proto.summary_pb2 import Summary
+
+    values = [Summary.Value(tag=tag, simple_value=float(value)) for tag, value in scalars.items()]
+    writer.file_writer.add_summary(Summary(value=values), step)
+
+
 def log_histograms(writer, histograms: dict, step: int) -> None:
     """Histograms given as {name: {"counts", "edges"}} (fixed bins counted inside jit), under histograms/."""
     for name, h in histograms.items():
@@ -242,27 +255,31 @@ def log_histograms(writer, histograms: dict, step: int) -> None:
                 bucket_limits=h["edges"][1:].tolist(), bucket_counts=h["counts"].tolist(), global_step=step)
 
 
-def report_evaluations(results, evaluations: list, writer, run_dir: str, step: int, title: str,
-                       breakout: bool) -> dict:
-    """Prints, logs and draws (play.gif, behaviour.png) the results of `evaluations` ([(protocol, mode)],
-    results stacked in that order); returns summary.json's `eval`: the results of protocol "" at its
+def report_evaluations(results: list, writer, run_dir: str, step: int, title: str, breakout: bool) -> dict:
+    """Prints, logs and draws (play.gif, behaviour.png) the final evaluations, `results` holding each of
+    EVALUATION_PAIRS' results stacked; returns summary.json's `eval`: the results of protocol "" at its
     top level, the others under their protocol."""
-    evaluation, labelled = {}, {}
-    fetched = jax.device_get(results)
-    for i, (protocol, mode) in enumerate(evaluations):
-        result = jax.tree.map(lambda x: x[i], fetched)
-        assert result.finished.all(), "an evaluation episode outran the environment's time limit"
-        labelled[f"{mode}, {protocol.replace('_', ' ')}" if protocol else mode] = result
-        numbers = evaluation.setdefault(protocol, {})[mode] = behaviour_numbers(result, breakout)
-        tag = f"eval/{protocol}/{mode}" if protocol else f"eval/{mode}"
-        writer.add_scalar(f"{tag}_return", numbers["mean"], step)
-        writer.add_scalar(f"{tag}_distinct_episodes", numbers["distinct_episodes"], step)
-        print(f"eval ({mode:>7}{', ' + protocol.replace('_', ' ') if protocol else ''}, "
-              f"{len(result.returns)} episodes): return {numbers['mean']:.2f} ± {numbers['std']:.2f}, "
-              f"{numbers['distinct_episodes']} distinct")
-    # The GIF is encoded in a thread (Pillow's encoder releases the GIL) while matplotlib draws.
+    fetched = {}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        gif = pool.submit(play_gif_of, labelled["sampled"], labelled["sampled, sticky 0.1"], breakout)
+        # The GIF is encoded in a thread (Pillow's encoder releases the GIL) once the sampled pair is here,
+        # while the other pair plays and matplotlib draws.
+        for pair, pair_results in zip(EVALUATION_PAIRS, results):
+            pair_results = jax.device_get(pair_results)
+            fetched |= {i: jax.tree.map(lambda x: x[k], pair_results) for k, i in enumerate(pair)}
+            if pair == EVALUATION_PAIRS[0]:  # sampled, without and with sticky actions
+                gif = pool.submit(play_gif_of, *(fetched[i] for i in pair), breakout)
+        evaluation, labelled = {}, {}
+        for i, (protocol, mode) in enumerate(EVALUATIONS):
+            result = fetched[i]
+            assert result.finished.all(), "an evaluation episode outran the environment's time limit"
+            labelled[f"{mode}, {protocol.replace('_', ' ')}" if protocol else mode] = result
+            numbers = evaluation.setdefault(protocol, {})[mode] = behaviour_numbers(result, breakout)
+            tag = f"eval/{protocol}/{mode}" if protocol else f"eval/{mode}"
+            writer.add_scalar(f"{tag}_return", numbers["mean"], step)
+            writer.add_scalar(f"{tag}_distinct_episodes", numbers["distinct_episodes"], step)
+            print(f"eval ({mode:>7}{', ' + protocol.replace('_', ' ') if protocol else ''}, "
+                  f"{len(result.returns)} episodes): return {numbers['mean']:.2f} ± {numbers['std']:.2f}, "
+                  f"{numbers['distinct_episodes']} distinct")
         write_picture(writer, run_dir, "behaviour.png", "eval/behaviour",
                       figure_to_png(behaviour_figure(labelled, breakout, title)), step)
         if gif.result() is not None:
