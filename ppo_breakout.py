@@ -655,15 +655,17 @@ def main() -> None:
             elif status == "interrupted":
                 print(f"interrupted at step {global_step:,}", file=sys.stderr)
 
-            # Evaluate: the evaluations run on the devices while the host draws the learning curve.
+            # Evaluate: the devices play the first pair while the host draws the learning curve (a call
+            # waits for a device that is still busy, so the second pair is queued after the drawing).
             eval_start = time.time()
             if status == "completed":
-                results = [evaluate_pair(eval_key, eval_params(params), pair) for pair in range(len(EVALUATION_PAIRS))]
+                results = [evaluate_pair(eval_key, eval_params(params), 0)]
             if training and history.steps:
                 visualize.write_picture(writer, run_dir, "learning_curve.png", "charts/learning_curve",
                                         visualize.figure_to_png(visualize.learning_curve_figure(
                                             *history, f"{args.env_id}, seed {args.seed}")), global_step)
             if status == "completed":
+                results += [evaluate_pair(eval_key, eval_params(params), pair) for pair in range(1, len(EVALUATION_PAIRS))]
                 summary.update(eval_episodes=args.eval_episodes, eval=visualize.report_evaluations(
                     results, writer, run_dir, global_step,
                     f"{args.env_id}, seed {args.seed}, step {global_step:,}", args.env_id == "Breakout-MinAtar"))

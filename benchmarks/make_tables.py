@@ -1,6 +1,6 @@
 """Writes the docs' tables and figures from the committed JSON in benchmarks/results/: the tuning
 evidence, search and harness speed (docs/tuning.md, tuning_history.md), the ratio study
-(docs/loss_stability.md) and the long runs (docs/ppo_breakout.md).
+(docs/loss_stability.md), the long runs and the script's speed (docs/ppo_breakout.md).
 
 Each table sits in its page between `<!-- begin: NAME -->` and `<!-- end: NAME -->` lines and is
 replaced whole; the text around it is left alone. Every statistic is recomputed from the per-seed
@@ -217,6 +217,32 @@ def speed_table() -> str:
     return "\n".join(lines)
 
 
+def script_speed_table() -> str:
+    """ppo_breakout.py against an earlier commit, alternating rounds: medians and ranges over the rounds."""
+    report = load("script_speed.json")
+    base = report["base"]
+
+    def cell(values, fmt, unit=""):
+        return f"{np.median(values):{fmt}}{unit} ({min(values):{fmt}}-{max(values):{fmt}})"
+
+    lines = [f"Measured on {report['machine']}; `{report['command']}`, {len(report['rounds'])} rounds after a "
+             f"warm-up round; medians (range over the rounds).", "",
+             f"| version | wall s | wall / `{base}`, per round | train SPS | compile s "
+             "| evaluation and pictures, s | peak memory, MB | sampled return |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for version in report["versions"]:
+        runs = [r[version] for r in report["rounds"]]
+        ratios = [r[version]["wall_seconds"] / r[base]["wall_seconds"] for r in report["rounds"]]
+        sampled = sorted({f"{r['sampled']:.2f}" for r in runs})
+        lines.append(f"| {'`' + version + '`' if version == base else version} "
+                     f"| {cell([r['wall_seconds'] for r in runs], '.2f')} | {cell(ratios, '.3f')} "
+                     f"| {cell([r['sps'] / 1000 for r in runs], '.1f', 'k')} "
+                     f"| {cell([r['compile_seconds'] for r in runs], '.2f')} "
+                     f"| {cell([r['eval_seconds'] for r in runs], '.2f')} "
+                     f"| {cell([r['peak_memory_mb'] for r in runs], '.0f')} | {', '.join(sampled)} |")
+    return "\n".join(lines)
+
+
 def search_space_table() -> str:
     report = load("search.json")
     lines = ["| parameter | values searched | default |", "|---|---|---|"]
@@ -366,7 +392,7 @@ def ratio_figure() -> None:
 
 TABLES = {"evidence": evidence_table, "search": search_table, "search-space": search_space_table,
           "confirmation": confirmation_table, "confirmation-commands": confirmation_commands,
-          "speed": speed_table, "history": history_tables, "ratio": ratio_table, "ratio-commands": ratio_commands,
+          "speed": speed_table, "script-speed": script_speed_table, "history": history_tables, "ratio": ratio_table, "ratio-commands": ratio_commands,
           "long-runs": long_runs_table, "long-runs-commands": long_runs_commands,
           "search-sticky": lambda: search_table("search_sticky.json")}
 
