@@ -839,6 +839,16 @@ def test_saved_model_round_trips_with_the_network_arguments_in_its_header(tmp_pa
         checkpoint.load_model(path, network_args(args), other)
 
 
+def test_a_failed_save_leaves_neither_a_model_nor_a_temporary_file(tmp_path, monkeypatch):
+    args = tyro.cli(ppo.Args, args=["--hidden-sizes", "8", "4"])
+    def full_disk(*_):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(checkpoint.os, "fsync", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        checkpoint.save_model(str(tmp_path / "model.safetensors"), tiny_network_params(args), network_args(args), {})
+    assert os.listdir(tmp_path) == []
+
+
 def damaged_copies(model: str, folder) -> dict[str, str]:
     """Copies of a saved model, damaged in the ways files get damaged."""
     with open(model, "rb") as f:

@@ -20,13 +20,17 @@ def save_model(path: str, params: dict, network_args: dict, metadata: dict[str, 
                for module, leaves in params.items() for name, value in leaves.items()}
     header = {name: json.dumps(value) for name, value in network_args.items()} | metadata
     with tempfile.NamedTemporaryFile(dir=os.path.dirname(path) or ".", suffix=".tmp", delete=False) as f:
-        f.write(safetensors.numpy.save(tensors, header))
-        f.flush()
-        os.fsync(f.fileno())
-    umask = os.umask(0o022)  # the temporary file is private (0600); give the model the usual mode
-    os.umask(umask)
-    os.chmod(f.name, 0o666 & ~umask)
-    os.replace(f.name, path)
+        try:
+            f.write(safetensors.numpy.save(tensors, header))
+            f.flush()
+            os.fsync(f.fileno())
+            umask = os.umask(0o022)  # the temporary file is private (0600); give the model the usual mode
+            os.umask(umask)
+            os.chmod(f.name, 0o666 & ~umask)
+            os.replace(f.name, path)
+        except BaseException:  # a failed save leaves no partial file behind
+            os.unlink(f.name)
+            raise
 
 
 def load_model(path: str, network_args: dict, expected: dict) -> dict:
