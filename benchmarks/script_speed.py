@@ -39,6 +39,11 @@ class Args:
     """write the report here as JSON"""
 
 
+def fail(message: str):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def run_once(tree: str, extra: list[str], workdir: str) -> dict:
     """One whole process in `workdir` (its runs/ lands there): wall time, peak memory, summary.json's parts."""
     start = time.perf_counter()
@@ -49,7 +54,7 @@ def run_once(tree: str, extra: list[str], workdir: str) -> dict:
     wall = time.perf_counter() - start
     out = process.stdout.read()
     if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"error: {tree}: {process.stderr.read().strip().splitlines()[-1:]}")
+        fail(f"{tree}/ppo_breakout.py {' '.join(extra)}: {process.stderr.read().strip().splitlines()[-1:]}")
     summary_path = out.strip().splitlines()[-1].removeprefix("summary: ")
     with open(os.path.join(workdir, summary_path)) as f:
         summary = json.load(f)
@@ -61,12 +66,16 @@ def run_once(tree: str, extra: list[str], workdir: str) -> dict:
 def main() -> None:
     args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
     if args.rounds < 1:
-        raise SystemExit(f"error: --rounds must be positive, got {args.rounds}")
+        fail(f"--rounds must be positive, got {args.rounds}")
+    if args.out and os.path.exists(args.out):
+        fail(f"--out {args.out} exists; choose another name")
     with tempfile.TemporaryDirectory() as tmp:
         base_tree, workdir = os.path.join(tmp, "base"), os.path.join(tmp, "runs")
         os.makedirs(workdir)
-        subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", base_tree, args.base], check=True,
-                       capture_output=True)
+        added = subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", base_tree, args.base],
+                               capture_output=True, text=True)
+        if added.returncode:
+            fail(f"--base {args.base}: {added.stderr.strip().splitlines()[-1]}")
         try:
             versions = {args.base: (base_tree, []), "this tree": (ROOT, [])}
             versions |= {f"this tree, {flags}": (ROOT, flags.split()) for flags in args.variant}

@@ -65,3 +65,19 @@ def test_every_evidence_file_holds_the_setting_its_command_names():
         (name, value), = result["changed_args"].items()
         assert flags.split()[0] == "--ppo." + name.replace("_", "-"), flags
         assert " ".join(map(str, value if isinstance(value, list) else [value])) == " ".join(flags.split()[1:])
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--rounds", "0"], "error: --rounds must be positive, got 0"),
+    (["--base", "no-such-commit"], "error: --base no-such-commit: fatal: invalid reference: no-such-commit"),
+    (["--out", "{existing}"], "error: --out {existing} exists; choose another name"),
+])
+def test_script_speed_refuses_bad_input_with_one_line_before_running_anything(tmp_path, flags, message):
+    existing = tmp_path / "kept.json"
+    existing.write_text("{}")
+    flags = [f.format(existing=existing) for f in flags]
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "script_speed.py"), *flags],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [message.format(existing=existing)]
+    assert existing.read_text() == "{}" and os.listdir(tmp_path) == ["kept.json"]
