@@ -569,8 +569,8 @@ def train(args: Args, update_step, runner: RunnerState, writer: SummaryWriter, s
         if args.diagnostics:
             scalars |= {f"diagnostics/{name}": metrics[name] for name in diagnostics.DIAGNOSTICS}
             scalars |= {f"diagnostics/action_{a}_frequency": f for a, f in enumerate(metrics["action_frequency"])}
-        visualize.log_scalars(writer, {tag: v for tag, v in scalars.items() if np.isfinite(v)},  # the guard below
-                              global_step)  # reports what is not finite
+        # What is not finite stays out of TensorBoard: the guard below reports it.
+        visualize.log_scalars(writer, {tag: v for tag, v in scalars.items() if np.isfinite(v)}, global_step)
         tenth = iteration % every_tenth == 0 or iteration == args.num_iterations
         if args.diagnostics and (tenth or iteration == 1):
             visualize.log_histograms(writer, metrics["histograms"], global_step)
@@ -665,7 +665,8 @@ def main() -> None:
                                         visualize.figure_to_png(visualize.learning_curve_figure(
                                             *history, f"{args.env_id}, seed {args.seed}")), global_step)
             if status == "completed":
-                results += [evaluate_pair(eval_key, eval_params(params), pair) for pair in range(1, len(EVALUATION_PAIRS))]
+                results += [evaluate_pair(eval_key, eval_params(params), pair)
+                            for pair in range(1, len(EVALUATION_PAIRS))]
                 summary.update(eval_episodes=args.eval_episodes, eval=visualize.report_evaluations(
                     results, writer, run_dir, global_step,
                     f"{args.env_id}, seed {args.seed}, step {global_step:,}", args.env_id == "Breakout-MinAtar"))
