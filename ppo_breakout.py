@@ -41,7 +41,7 @@ from jax.sharding import PartitionSpec as P
 from tensorboardX import SummaryWriter
 
 from utils import checkpoint, cli, diagnostics, visualize
-from utils.evaluation import EVALUATION_PAIRS, make_evaluate_pair
+from utils.evaluation import make_evaluate_pair
 
 
 @dataclasses.dataclass
@@ -195,8 +195,7 @@ class TrainState(NamedTuple):
 
 
 class RunnerState(NamedTuple):
-    params: hk.Params
-    opt_state: optax.OptState
+    train_state: TrainState  # the parameters and optimizer state, which the update changes
     env_state: Any  # batched environment state, one entry per environment
     obs: jax.Array  # (num_envs, *obs_shape) current observation of each environment
     episode_return: jax.Array  # (num_envs,) return of each environment's episode so far
@@ -237,7 +236,7 @@ def collect_trajectories(runner: RunnerState, env, env_params, network: hk.Trans
 
     def env_step(runner: RunnerState, _) -> tuple[RunnerState, Transition]:
         key, action_key, step_key = jax.random.split(runner.key, 3)
-        logits, value, features = network.apply(runner.params, runner.obs, return_features=True)
+        logits, value, features = network.apply(runner.train_state.params, runner.obs, return_features=True)
         action = jax.random.categorical(action_key, logits)
         obs, env_state, reward, terminated, truncated, info = vmap_step(
             jax.random.split(step_key, runner.obs.shape[0]), runner.env_state, action, env_params)
@@ -246,7 +245,7 @@ def collect_trajectories(runner: RunnerState, env, env_params, network: hk.Trans
         # pass runs only on steps where some environment hit it.
         final_value = jax.lax.cond(
             truncated.any(),
-            lambda: jnp.where(truncated, network.apply(runner.params, info["final_observation"])[1], 0.0),
+            lambda: jnp.where(truncated, network.apply(runner.train_state.params, info["final_observation"])[1], 0.0),
             lambda: jnp.zeros_like(value))
         episode_return, episode_length = runner.episode_return + reward, runner.episode_length + 1
         transition = Transition(
@@ -340,7 +339,7 @@ def init_runner(key: jax.Array, env, env_params, network: hk.Transformed,
     key, init_key, reset_key = jax.random.split(key, 3)
     obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, num_envs), env_params)
     params = network.init(init_key, obs)
-    return RunnerState(params=params, opt_state=optimizer.init(params), env_state=env_state, obs=obs,
+    return RunnerState(train_state=TrainState(params, optimizer.init(params)), env_state=env_state, obs=obs,
                        episode_return=jnp.zeros(num_envs), episode_length=jnp.zeros(num_envs, jnp.int32), key=key)
 
 
@@ -378,15 +377,14 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
             device = jax.lax.axis_index(axis_name)
             rollout_key, epochs_key = jax.random.fold_in(rollout_key, device), jax.random.fold_in(epochs_key, device)
         runner, traj = collect_trajectories(runner._replace(key=rollout_key), env, env_params, network, args.num_steps)
-        _, last_value = network.apply(runner.params, runner.obs)
+        _, last_value = network.apply(runner.train_state.params, runner.obs)
         advantages, targets = calculate_gae(traj, last_value, args.gamma, args.gae_lambda)
         flatten = lambda x: x.reshape(-1, *x.shape[2:])  # (T, N, ...) -> (T * N, ...)  # noqa: E731
         batch = jax.tree.map(flatten, Batch(obs=traj.obs, action=traj.action, logits=traj.logits, value=traj.value,
                                             advantage=advantages, target=targets))
-        (params, opt_state), loss_metrics = jax.lax.scan(
-            functools.partial(update_epoch, batch=batch), TrainState(runner.params, runner.opt_state),
-            jax.random.split(epochs_key, args.update_epochs))
-        runner = runner._replace(params=params, opt_state=opt_state, key=next_key)
+        train_state, loss_metrics = jax.lax.scan(functools.partial(update_epoch, batch=batch), runner.train_state,
+                                                 jax.random.split(epochs_key, args.update_epochs))
+        runner = runner._replace(train_state=train_state, key=next_key)
 
         update_stats = {name: loss_metrics.pop(name) for name in ("log_ratio_min", "log_ratio_max", "log_ratio_counts")
                         if name in loss_metrics}
@@ -398,13 +396,13 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
         error_mean, error_sq, target_mean, target_sq = means[-4:]
         metrics["explained_variance"] = 1.0 - (error_sq - error_mean**2) / (target_sq - target_mean**2)
         metrics["learning_rate"] = optax.tree_utils.tree_get(  # the rate of the last update
-            opt_state, "learning_rate", filtering=lambda _, value: isinstance(value, jax.Array))
+            train_state.opt_state, "learning_rate", filtering=lambda _, value: isinstance(value, jax.Array))
         done = traj.terminated | traj.truncated
         metrics["episodes"], metrics["episode_length_sum"] = over_devices(
             jax.lax.psum, jnp.stack([done.sum(), traj.episode_length.sum()]), axis_name)
         metrics["episode_return_sum"] = over_devices(jax.lax.psum, traj.episode_return.sum(), axis_name)
         # One flag for the host's non-finite guard: every loss term, gradient norm and parameter.
-        metrics["finite"] = (jnp.isfinite(jax.flatten_util.ravel_pytree(params)[0]).all()
+        metrics["finite"] = (jnp.isfinite(jax.flatten_util.ravel_pytree(train_state.params)[0]).all()
                              & jnp.all(jnp.stack([jnp.isfinite(v).all() for v in loss_metrics.values()])))
         if args.diagnostics:
             metrics.update(diagnostics.training_diagnostics(batch, traj.active_units.any(axis=0), update_stats,
@@ -423,8 +421,8 @@ def over_devices(collective, x, axis_name: str | None):
 
 
 # Environments (and all that comes from them) split along "data"; parameters, optimizer state and key replicated.
-RUNNER_SPECS = RunnerState(params=P(), opt_state=P(), env_state=P("data"), obs=P("data"), episode_return=P("data"),
-                           episode_length=P("data"), key=P())
+RUNNER_SPECS = RunnerState(train_state=TrainState(P(), P()), env_state=P("data"), obs=P("data"),
+                           episode_return=P("data"), episode_length=P("data"), key=P())
 
 
 def make_runner_shardings(mesh: Mesh) -> RunnerState:
@@ -616,11 +614,11 @@ def main() -> None:
                                            optimizer=optimizer, num_envs=args.num_envs),
                          out_shardings=make_runner_shardings(mesh))(runner_key)
         update_step = make_parallel_update_step(args, env, env_params, network, optimizer, mesh).lower(runner).compile()
-        params = runner.params
+        params = runner.train_state.params
     evaluate_pair, eval_mesh = make_evaluate_pair(env, env_params, lambda p, o: network.apply(p, o)[0],
                                                   args.eval_episodes, args.num_devices)
-    eval_params = lambda p: jax.device_put(p, NamedSharding(eval_mesh, P()))  # noqa: E731
-    evaluate_pair = evaluate_pair.lower(eval_key, eval_params(params), 0).compile()
+    replicated = NamedSharding(eval_mesh, P())
+    evaluate_pair = evaluate_pair.lower(eval_key, jax.device_put(params, replicated), 0).compile()
     compile_seconds = time.time() - compile_start
 
     run_dir = cli.make_run_dir(f"{args.env_id}__{args.exp_name}__{args.seed}")
@@ -638,7 +636,7 @@ def main() -> None:
                       f"{args.num_devices} device(s); compiled in {compile_seconds:.1f}s; logging to {run_dir}")
                 train_start = time.time()
                 runner, status, iterations, non_finite, history = train(args, update_step, runner, writer, stop)
-                params, global_step = runner.params, iterations * args.batch_size
+                params, global_step = runner.train_state.params, iterations * args.batch_size
                 summary.update(train_seconds=time.time() - train_start, iterations=iterations)
                 summary["sps"] = global_step / summary["train_seconds"] if global_step else 0.0
             else:
@@ -655,18 +653,18 @@ def main() -> None:
             elif status == "interrupted":
                 print(f"interrupted at step {global_step:,}", file=sys.stderr)
 
-            # Evaluate: the devices play the first pair while the host draws the learning curve (a call
-            # waits for a device that is still busy, so the second pair is queued after the drawing).
+            # Evaluate: the devices play the sampled pair while the host draws the learning curve (a call
+            # waits for a device that is still busy, so the greedy pair is queued after the drawing).
             eval_start = time.time()
             if status == "completed":
-                results = [evaluate_pair(eval_key, eval_params(params), 0)]
+                eval_params = jax.device_put(params, replicated)
+                results = [evaluate_pair(eval_key, eval_params, 0)]
             if training and history.steps:
                 visualize.write_picture(writer, run_dir, "learning_curve.png", "charts/learning_curve",
                                         visualize.figure_to_png(visualize.learning_curve_figure(
                                             *history, f"{args.env_id}, seed {args.seed}")), global_step)
             if status == "completed":
-                results += [evaluate_pair(eval_key, eval_params(params), pair)
-                            for pair in range(1, len(EVALUATION_PAIRS))]
+                results.append(evaluate_pair(eval_key, eval_params, 1))
                 summary.update(eval_episodes=args.eval_episodes, eval=visualize.report_evaluations(
                     results, writer, run_dir, global_step,
                     f"{args.env_id}, seed {args.seed}, step {global_step:,}", args.env_id == "Breakout-MinAtar"))

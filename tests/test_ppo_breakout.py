@@ -308,7 +308,7 @@ def probe_runner(key: jax.Array, num_envs: int = 16) -> ppo.RunnerState:
     reset_key, key = jax.random.split(key)
     obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, num_envs),
                                                             env.default_params)
-    return ppo.RunnerState(params={}, opt_state=None, env_state=env_state, obs=obs,
+    return ppo.RunnerState(train_state=ppo.TrainState({}, None), env_state=env_state, obs=obs,
                            episode_return=jnp.zeros(num_envs), episode_length=jnp.zeros(num_envs, jnp.int32),
                            key=key)
 
@@ -499,8 +499,9 @@ def test_rollout_records_which_torso_units_fired():
     params["torso_0"]["b"] = params["torso_0"]["b"].at[:3].set(-100.0)  # three first-layer units never fire
     env, env_params = ppo.make_env(args.env_id, 0.0)
     obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(jax.random.key(1), 4), env_params)
-    runner = ppo.RunnerState(params=params, opt_state=None, env_state=env_state, obs=obs, episode_return=jnp.zeros(4),
-                             episode_length=jnp.zeros(4, jnp.int32), key=jax.random.key(2))
+    runner = ppo.RunnerState(train_state=ppo.TrainState(params, None), env_state=env_state, obs=obs,
+                             episode_return=jnp.zeros(4), episode_length=jnp.zeros(4, jnp.int32),
+                             key=jax.random.key(2))
     _, traj = ppo.collect_trajectories(runner, env, env_params, network, num_steps=5)
     _, _, features = jax.vmap(lambda o: network.apply(params, o, return_features=True))(traj.obs)
     assert features.shape == (5, 4, 12)  # 8 + 4 ReLU features of 4 environments at 5 steps
@@ -601,10 +602,10 @@ def test_parallel_update_step_keeps_every_device_on_the_same_parameters():
                                        optimizer=optimizer, num_envs=args.num_envs),
                      out_shardings=ppo.make_runner_shardings(mesh))(jax.random.key(0))
     update_step = ppo.make_parallel_update_step(args, env, env_params, network, optimizer, mesh)
-    start = runner.params
+    start = runner.train_state.params
     for _ in range(args.num_iterations):
         runner, metrics = update_step(runner)
-    for leaf, first in zip(jax.tree.leaves(runner.params), jax.tree.leaves(start)):
+    for leaf, first in zip(jax.tree.leaves(runner.train_state.params), jax.tree.leaves(start)):
         shards = [np.asarray(shard.data) for shard in leaf.addressable_shards]
         assert len(shards) == 2
         np.testing.assert_array_equal(shards[0], shards[1])
@@ -647,7 +648,7 @@ def test_update_step_learns_the_probe_optimum_and_bootstraps_through_truncation(
         runner, _ = update_step(runner)
 
     probe_obs = jnp.array([[t / 10.0, 1.0] for t in range(4)])
-    logits, values = network.apply(runner.params, probe_obs)
+    logits, values = network.apply(runner.train_state.params, probe_obs)
     assert np.all(jax.nn.softmax(logits)[:, 1] > 0.95)
     np.testing.assert_allclose(values, 2.0, atol=0.15)
 
@@ -845,7 +846,8 @@ def test_a_failed_save_leaves_neither_a_model_nor_a_temporary_file(tmp_path, mon
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(checkpoint.os, "fsync", full_disk)
     with pytest.raises(OSError, match="No space left"):
-        checkpoint.save_model(str(tmp_path / "model.safetensors"), tiny_network_params(args), network_args(args), {})
+        checkpoint.save_model(str(tmp_path / "model.safetensors"), tiny_network_params(args), network_args(args),
+                              {})
     assert os.listdir(tmp_path) == []
 
 

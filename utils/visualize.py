@@ -17,6 +17,7 @@ matplotlib.use("Agg")  # write files, never open a window
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
+from tensorboardX.proto.summary_pb2 import Summary  # noqa: E402
 
 from utils.evaluation import EVALUATION_PAIRS, EVALUATIONS  # noqa: E402
 
@@ -64,15 +65,10 @@ def play_gif(episodes: list[np.ndarray], titles: list[str], channel_names: list[
     gap = 4
     canvas = np.zeros((num_frames, 2 * LABEL + height, len(episodes) * (width + gap) - gap), np.uint8)
     names = channel_names or [f"channel {c}" for c in range(episodes[0].shape[-1])]
-    legend, x = [], 2
-    for channel, name in enumerate(names):
-        legend.append((x + 11, name, 12))
-        x += 16 + 6 * len(name)
-    canvas[:, -LABEL:] = text_strip(canvas.shape[2], legend)
-    x = 2
-    for channel, name in enumerate(names):  # a colour swatch before each name
+    starts = 2 + np.cumsum([0] + [16 + 6 * len(name) for name in names[:-1]])  # each legend entry's x
+    canvas[:, -LABEL:] = text_strip(canvas.shape[2], [(x + 11, name, 12) for x, name in zip(starts, names)])
+    for channel, x in enumerate(starts):  # a colour swatch before each name
         canvas[:, -LABEL + 3:-LABEL + 11, x:x + 8] = channel + 1
-        x += 16 + 6 * len(name)
     for i, (episode, title) in enumerate(zip(episodes, titles)):
         left = i * (width + gap)
         canvas[:len(episode), LABEL:-LABEL, left:left + width] = grids_to_pixels(episode)
@@ -82,11 +78,12 @@ def play_gif(episodes: list[np.ndarray], titles: list[str], channel_names: list[
         canvas[len(episode) - 1:, :LABEL, left:left + width] = text_strip(
             width, [(2, f"{title}: over at {len(episode) - 1}", 12)])
     # Pixels that did not change since the previous frame become transparent, so each frame stores only
-    # the ball's and paddle's moves. Pillow's optimize=True finds the same per frame in Python, 2-3x slower.
+    # the ball's and paddle's moves (Pillow's optimize=True finds the same, frame by frame, more slowly).
     canvas[1:][canvas[1:] == canvas[:-1]] = TRANSPARENT
     frames = [Image.fromarray(frame, "P") for frame in canvas]
+    palette = PALETTE.ravel().tolist()
     for frame in frames:
-        frame.putpalette(PALETTE.ravel().tolist())
+        frame.putpalette(palette)
     buffer = io.BytesIO()
     frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:], duration=frame_ms, loop=0,
                    optimize=False, transparency=TRANSPARENT, disposal=1)  # 1: draw each frame over the last
@@ -222,8 +219,6 @@ def figure_to_png(fig: plt.Figure) -> bytes:
 
 def log_encoded_image(writer, tag: str, data: bytes, step: int) -> None:
     """An encoded PNG or GIF as a TensorBoard image (TensorBoard plays GIFs), without decoding it."""
-    from tensorboardX.proto.summary_pb2 import Summary
-
     width, height = Image.open(io.BytesIO(data)).size
     image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=data)
     writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
@@ -238,8 +233,6 @@ def write_picture(writer, run_dir: str, name: str, tag: str, data: bytes, step: 
 
 def log_scalars(writer, scalars: dict, step: int) -> None:
     """Scalars of one step as one TensorBoard event: one write to the writer's queue instead of one a tag."""
-    from tensorboardX.proto.summary_pb2 import Summary
-
     values = [Summary.Value(tag=tag, simple_value=float(value)) for tag, value in scalars.items()]
     writer.file_writer.add_summary(Summary(value=values), step)
 
