@@ -16,12 +16,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 import tyro
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from benchmarks.harness_speed import timed  # noqa: E402
 from benchmarks.results_table import cpu_name  # noqa: E402
 
 COMMAND = ["--seed", "1", "--num-devices", "2", "--exp-name", "speed"]
@@ -46,19 +46,14 @@ def fail(message: str):
 
 def run_once(tree: str, extra: list[str], workdir: str) -> dict:
     """One whole process in `workdir` (its runs/ lands there): wall time, peak memory, summary.json's parts."""
-    start = time.perf_counter()
-    process = subprocess.Popen([sys.executable, os.path.join(tree, "ppo_breakout.py"), *COMMAND, *extra],
-                               cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    # os.wait4 gives this child's own peak memory (getrusage would give the largest child's so far).
-    _, status, usage = os.wait4(process.pid, 0)
-    wall = time.perf_counter() - start
-    out = process.stdout.read()
-    if os.waitstatus_to_exitcode(status) != 0:
-        fail(f"{tree}/ppo_breakout.py {' '.join(extra)}: {process.stderr.read().strip().splitlines()[-1:]}")
-    summary_path = out.strip().splitlines()[-1].removeprefix("summary: ")
+    try:
+        run = timed([sys.executable, os.path.join(tree, "ppo_breakout.py"), *COMMAND, *extra], workdir)
+    except RuntimeError as e:
+        fail(str(e))
+    summary_path = run["stdout"].strip().splitlines()[-1].removeprefix("summary: ")
     with open(os.path.join(workdir, summary_path)) as f:
         summary = json.load(f)
-    return {"wall_seconds": wall, "peak_memory_mb": usage.ru_maxrss / 1024, "sps": summary["sps"],
+    return {"wall_seconds": run["wall_seconds"], "peak_memory_mb": run["peak_memory_gb"] * 1024, "sps": summary["sps"],
             "compile_seconds": summary["compile_seconds"], "train_seconds": summary["train_seconds"],
             "eval_seconds": summary["eval_seconds"], "sampled": summary["eval"]["sampled"]["mean"]}
 
