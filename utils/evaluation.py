@@ -149,8 +149,8 @@ def make_evaluate_pair(env: Any, env_params: Any, policy_apply: Callable, num_ep
     host can read the first pair while the second plays. `env_params` must have a `sticky_action_prob`
     field (ppo_breakout.StickyParams)."""
     mesh = Mesh(np.array(jax.devices()[:min(num_devices, 2)]), ("data",))
-    greedy = jnp.array([[EVALUATIONS[i][1] == "greedy" for i in pair] for pair in EVALUATION_PAIRS])
-    sticky = jnp.array([[0.1 if EVALUATIONS[i][0] else 0.0 for i in pair] for pair in EVALUATION_PAIRS])
+    greedy = np.array([[EVALUATIONS[i][1] == "greedy" for i in pair] for pair in EVALUATION_PAIRS])
+    sticky = np.array([[0.1 if EVALUATIONS[i][0] else 0.0 for i in pair] for pair in EVALUATION_PAIRS], np.float32)
 
     def evaluate_share(key, params, greedy, sticky):
         return jax.lax.map(lambda config: evaluate(
@@ -161,4 +161,4 @@ def make_evaluate_pair(env: Any, env_params: Any, policy_apply: Callable, num_ep
 
     evaluate_split = jax.shard_map(evaluate_share, mesh=mesh, in_specs=(P(), P(), P("data"), P("data")),
                                    out_specs=P("data"), check_vma=False)
-    return jax.jit(lambda key, params, pair: evaluate_split(key, params, greedy[pair], sticky[pair])), mesh
+    return jax.jit(lambda key, params, pair: evaluate_split(key, params, jnp.asarray(greedy)[pair], jnp.asarray(sticky)[pair])), mesh
