@@ -3,6 +3,7 @@
 import dataclasses
 import functools
 import contextlib
+import gc
 import glob
 import io
 import json
@@ -1022,3 +1023,10 @@ def test_every_activation_the_cli_accepts_has_a_gain():
 def test_crelu_passes_each_input_on_in_one_half():
     x = jnp.array([[-1.5, 0.0, 2.0]])
     np.testing.assert_array_equal(ppo.crelu(x), [[0.0, 0.0, 2.0, 1.5, 0.0, 0.0]])
+
+
+def test_importing_the_script_leaves_the_garbage_collector_on():
+    """The script switches the collector off only while its imports load; left off, a long run (or a
+    process that imports the script, like this one) would keep every cycle of garbage it makes."""
+    assert gc.isenabled()
+    assert gc.get_freeze_count() > 100_000  # the imports' objects are out of later collections
