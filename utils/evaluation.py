@@ -161,4 +161,5 @@ def make_evaluate_pair(env: Any, env_params: Any, policy_apply: Callable, num_ep
 
     evaluate_split = jax.shard_map(evaluate_share, mesh=mesh, in_specs=(P(), P(), P("data"), P("data")),
                                    out_specs=P("data"), check_vma=False)
-    return jax.jit(lambda key, params, pair: evaluate_split(key, params, jnp.asarray(greedy)[pair], jnp.asarray(sticky)[pair])), mesh
+    return jax.jit(lambda key, params, pair: evaluate_split(key, params, jnp.asarray(greedy)[pair],
+                                                            jnp.asarray(sticky)[pair])), mesh
