@@ -322,6 +322,7 @@ def long_runs_table() -> str:
              "| episodes to the time limit, per seed | best episode "
              "| MinAtar protocol (sticky 0.1), per seed | mean [95% CI] | lowest |",
              "|---|---:|---|---:|---:|---|---:|---|---:|---:|"]
+
     def returns_cells(evals: list[dict]) -> list[str]:
         returns = np.array([e["mean"] for e in evals])
         low, high = stats.bootstrap_ci(returns, stats.mean)
@@ -392,7 +393,8 @@ def ratio_figure() -> None:
 
 TABLES = {"evidence": evidence_table, "search": search_table, "search-space": search_space_table,
           "confirmation": confirmation_table, "confirmation-commands": confirmation_commands,
-          "speed": speed_table, "script-speed": script_speed_table, "history": history_tables, "ratio": ratio_table, "ratio-commands": ratio_commands,
+          "speed": speed_table, "script-speed": script_speed_table, "history": history_tables,
+          "ratio": ratio_table, "ratio-commands": ratio_commands,
           "long-runs": long_runs_table, "long-runs-commands": long_runs_commands,
           "search-sticky": lambda: search_table("search_sticky.json")}
 

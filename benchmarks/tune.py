@@ -178,7 +178,8 @@ def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, nu
                                                        min(num_chunks, cfg.num_iterations))]
     train = jax.jit(per_device(train_chunk, 1), donate_argnums=0).lower(
         runners, jnp.int32(iteration_counts[0])).compile()
-    evaluate_all = jax.jit(per_device(lambda x: evaluate_seed(*x))).lower((runners.train_state.params, eval_keys)).compile()
+    evaluate_all = jax.jit(per_device(lambda x: evaluate_seed(*x))).lower(
+        (runners.train_state.params, eval_keys)).compile()
     compile_seconds = time.time() - compile_start
 
     train_start = time.time()
@@ -194,7 +195,8 @@ def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, nu
     train_seconds = time.time() - train_start
 
     eval_start = time.time()
-    eval_returns, finished = (np.asarray(x)[:len(seeds)] for x in evaluate_all((runners.train_state.params, eval_keys)))
+    results = evaluate_all((runners.train_state.params, eval_keys))
+    eval_returns, finished = (np.asarray(x)[:len(seeds)] for x in results)
     assert finished.all(), "an evaluation episode outran the environment's time limit"
     if stability:
         gap, low, high, non_finite = (np.stack(x) for x in zip(*extremes))  # (chunks, seeds)
