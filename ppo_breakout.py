@@ -52,7 +52,7 @@ gc.enable()
 
 @dataclasses.dataclass
 class Args:
-    exp_name: str = os.path.basename(__file__)[: -len(".py")]
+    exp_name: str = "ppo"
     """the name of this experiment (part of the run directory's name)"""
     seed: int = 1
     """seed of the experiment (network init, environments, minibatch order, evaluation)"""
@@ -92,6 +92,8 @@ class Args:
     """the widths of the torso's hidden layers, shared by the policy and value heads"""
     activation: Literal["crelu", "relu"] = "crelu"
     """the torso's activation: crelu passes [relu(x), relu(-x)] on, twice the layer's width"""
+    layer_norm: bool = False
+    """normalize each torso layer's pre-activations (LayerNorm), as PQN does"""
     ratio: Literal["log", "direct"] = "log"
     """PPO's probability ratio: log, exp(log pi - log pi_old); direct, pi / pi_old as the paper writes it"""
     sticky_action_prob: float = 0.0
@@ -172,7 +174,7 @@ ACTIVATIONS = {"crelu": (crelu, 1.0), "relu": (jax.nn.relu, np.sqrt(2))}
 
 
 def actor_critic(obs: jax.Array, num_actions: int, hidden_sizes: tuple[int, ...], activation: str,
-                 return_features: bool = False):
+                 layer_norm: bool = False, return_features: bool = False):
     """(action logits, state values) of a batch of observations, and the torso's features if asked: one
     MLP torso on the flattened grid, shared by the policy and value heads (why: docs/tuning.md)."""
     # Orthogonal init (Engstrom et al. 2020): 0.01 on the policy head, so the first policy is near uniform.
@@ -180,16 +182,21 @@ def actor_critic(obs: jax.Array, num_actions: int, hidden_sizes: tuple[int, ...]
     x = obs.reshape(obs.shape[0], -1)
     features = []
     for i, width in enumerate(hidden_sizes):
-        x = act(hk.Linear(width, w_init=hk.initializers.Orthogonal(scale=gain), name=f"torso_{i}")(x))
+        x = hk.Linear(width, w_init=hk.initializers.Orthogonal(scale=gain), name=f"torso_{i}")(x)
+        if layer_norm:
+            x = hk.LayerNorm(axis=-1, create_scale=True, create_offset=True, name=f"torso_norm_{i}")(x)
+        x = act(x)
         features.append(x)
     logits = hk.Linear(num_actions, w_init=hk.initializers.Orthogonal(scale=0.01), name="policy")(x)
     value = hk.Linear(1, w_init=hk.initializers.Orthogonal(scale=1.0), name="value")(x)[:, 0]
     return (logits, value, jnp.concatenate(features, axis=-1)) if return_features else (logits, value)
 
 
-def make_network(num_actions: int, hidden_sizes: tuple[int, ...], activation: str) -> hk.Transformed:
+def make_network(num_actions: int, hidden_sizes: tuple[int, ...], activation: str,
+                 layer_norm: bool = False) -> hk.Transformed:
     return hk.without_apply_rng(hk.transform(functools.partial(
-        actor_critic, num_actions=num_actions, hidden_sizes=hidden_sizes, activation=activation)))
+        actor_critic, num_actions=num_actions, hidden_sizes=hidden_sizes, activation=activation,
+        layer_norm=layer_norm)))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -540,7 +547,7 @@ def fill_runtime_fields(args: Args) -> Args:
 # Main: set up, compile, train (the loop only logs), evaluate, save
 # ---------------------------------------------------------------------------------------------------
 LOSS_METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
-NETWORK_ARGS = ("env_id", "hidden_sizes", "activation")  # in the model file's header
+NETWORK_ARGS = ("env_id", "hidden_sizes", "activation", "layer_norm")  # in the model file's header
 
 
 class History(NamedTuple):
@@ -597,7 +604,8 @@ def main() -> None:
         jax.config.update("jax_compilation_cache_dir", os.path.expanduser(args.jax_cache_dir))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     env, env_params = make_env(args.env_id, args.sticky_action_prob)
-    network = make_network(env.action_space(env_params).n, args.hidden_sizes, args.activation)
+    network = make_network(env.action_space(env_params).n, args.hidden_sizes, args.activation,
+                           args.layer_norm)
     runner_key, eval_key = jax.random.split(jax.random.key(args.seed))
     network_args = {name: getattr(args, name) for name in NETWORK_ARGS}
     training = not args.load_model
@@ -622,7 +630,7 @@ def main() -> None:
                          out_shardings=make_runner_shardings(mesh))(runner_key)
         update_step = make_parallel_update_step(args, env, env_params, network, optimizer, mesh).lower(runner).compile()
         params = runner.train_state.params
-    evaluate_pair, eval_mesh = make_evaluate_pair(env, env_params, lambda p, o: network.apply(p, o)[0],
+    evaluate_pair, eval_mesh = make_evaluate_pair(env, args.env_id, env_params, lambda p, o: network.apply(p, o)[0],
                                                   args.eval_episodes, args.num_devices)
     replicated = NamedSharding(eval_mesh, P())
     evaluate_pair = evaluate_pair.lower(eval_key, jax.device_put(params, replicated), 0).compile()
@@ -674,7 +682,7 @@ def main() -> None:
                 results.append(evaluate_pair(eval_key, eval_params, 1))
                 summary.update(eval_episodes=args.eval_episodes, eval=visualize.report_evaluations(
                     results, writer, run_dir, global_step,
-                    f"{args.env_id}, seed {args.seed}, step {global_step:,}", args.env_id == "Breakout-MinAtar"))
+                    f"{args.env_id}, seed {args.seed}, step {global_step:,}", args.env_id))
                 summary["eval_seconds"] = time.time() - eval_start
 
             # Save.

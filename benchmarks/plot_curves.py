@@ -4,7 +4,7 @@ Each run's `charts/episodic_return` is interpolated onto a common grid of enviro
 shortest run's last step); the figure shows every run thinly, their mean, and a 95% bootstrap
 confidence interval of the mean (scipy.stats.bootstrap, percentile method, over runs).
 
-Run:  python benchmarks/plot_curves.py runs/Breakout-MinAtar__ppo_breakout__* --out curves.png
+Run:  python benchmarks/plot_curves.py runs/Breakout-MinAtar__ppo__* --out curves.png
 """
 
 import dataclasses

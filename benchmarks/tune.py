@@ -43,7 +43,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import ppo_breakout  # noqa: E402
 from benchmarks import stats  # noqa: E402
-from utils.evaluation import evaluate  # noqa: E402
+from utils.evaluation import PROTOCOLS, SAFETY_BOUND, evaluate, protocol_params  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -73,7 +73,9 @@ class Args:
 
 
 class SeedsResult(NamedTuple):
-    eval_returns: np.ndarray  # (seeds,) mean return of each seed's evaluation episodes
+    eval_returns: np.ndarray  # (seeds,) mean return of each seed's evaluation episodes, gymnax's protocol
+    eval_returns_minatar: np.ndarray  # (seeds,) the same under MinAtar's protocol
+    minatar_bound_hits: np.ndarray  # (seeds,) MinAtar-protocol episodes stopped by the safety bound
     return_sums: np.ndarray  # (seeds, chunks) summed return of the training episodes ended in each chunk
     episodes: np.ndarray  # (seeds, chunks) the number of those episodes
     chunk_steps: list[int]  # environment steps per seed done at the end of each chunk
@@ -121,7 +123,8 @@ def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, nu
     cfg.diagnostics = stability  # the logit gap and the log-ratio's range come with the diagnostics
     # The training protocol (--ppo.sticky-action-prob) holds for the evaluation too.
     env, env_params = ppo_breakout.make_env(cfg.env_id, cfg.sticky_action_prob)
-    network = ppo_breakout.make_network(env.action_space(env_params).n, cfg.hidden_sizes, cfg.activation)
+    network = ppo_breakout.make_network(env.action_space(env_params).n, cfg.hidden_sizes, cfg.activation,
+                                        cfg.layer_norm)
     optimizer = ppo_breakout.make_optimizer(cfg)
     update_step = ppo_breakout.make_update_step(cfg, env, env_params, network, optimizer)
 
@@ -146,10 +149,17 @@ def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, nu
                                  (runner, jnp.zeros(()), jnp.zeros((), jnp.int32), extremes))
 
     def evaluate_seed(params, eval_key: jax.Array):
-        result = evaluate(eval_key, params, False, env=env, env_params=env_params,
-                          policy_apply=lambda p, o: network.apply(p, o)[0], num_episodes=eval_episodes,
-                          max_steps=env_params.env_params.max_steps_in_episode + 1)
-        return result.returns.mean(), result.finished.all()
+        # Under both protocols, sampled actions; an episode that reaches MinAtar's safety bound is counted.
+        returns, bound_hits = [], []
+        for protocol in PROTOCOLS:
+            params_p = protocol_params(cfg.env_id, env_params, protocol)
+            result = evaluate(eval_key, params, False, env=env, env_params=params_p,
+                              policy_apply=lambda p, o: network.apply(p, o)[0], num_episodes=eval_episodes,
+                              max_steps=params_p.env_params.max_steps_in_episode + 1)
+            returns.append(result.returns.mean())
+            bound_hits.append((result.finished & ~result.terminated
+                               & (result.lengths >= SAFETY_BOUND)).sum())
+        return jnp.stack(returns), jnp.stack(bound_hits)
 
     # The seed axis is padded to a multiple of the devices, so any seed count uses all of them; a
     # padding seed repeats the last one and is dropped. Each device runs its seeds one at a time
@@ -196,13 +206,13 @@ def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, nu
 
     eval_start = time.time()
     results = evaluate_all((runners.train_state.params, eval_keys))
-    eval_returns, finished = (np.asarray(x)[:len(seeds)] for x in results)
-    assert finished.all(), "an evaluation episode outran the environment's time limit"
+    protocol_returns, bound_hits = (np.asarray(x)[:len(seeds)] for x in results)
     if stability:
         gap, low, high, non_finite = (np.stack(x) for x in zip(*extremes))  # (chunks, seeds)
         stability = {"logit_gap_max": np.nanmax(gap, 0).tolist(), "log_ratio_min": np.nanmin(low, 0).tolist(),
                      "log_ratio_max": np.nanmax(high, 0).tolist(), "non_finite": non_finite.any(0).tolist()}
-    return SeedsResult(eval_returns=eval_returns, return_sums=np.stack(return_sums, axis=1),
+    return SeedsResult(eval_returns=protocol_returns[:, 0], eval_returns_minatar=protocol_returns[:, 1],
+                       minatar_bound_hits=bound_hits[:, 1], return_sums=np.stack(return_sums, axis=1),
                        episodes=np.stack(episodes, axis=1), chunk_steps=chunk_steps,
                        compile_seconds=compile_seconds, train_seconds=train_seconds,
                        eval_seconds=time.time() - eval_start, stability=stability or None)
@@ -240,9 +250,12 @@ def result_json(cfg: ppo_breakout.Args, seeds: list[int], result: SeedsResult, e
         "seeds": seeds,
         "eval_episodes": eval_episodes,
         "eval_returns": [float(r) for r in result.eval_returns],
+        "eval_returns_minatar": [float(r) for r in result.eval_returns_minatar],
+        "minatar_bound_hits": [int(n) for n in result.minatar_bound_hits],
         "curve": {"steps": result.chunk_steps, "return_sums": result.return_sums.tolist(),
                   "episodes": result.episodes.tolist()},
         "summary": stats.summarize(result.eval_returns),
+        "summary_minatar": stats.summarize(result.eval_returns_minatar),
         "pooled_curve": stats.pooled_curve(result.return_sums, result.episodes),
         "timing": {"compile_seconds": result.compile_seconds, "train_seconds": result.train_seconds,
                    "eval_seconds": result.eval_seconds, "wall_seconds": wall_seconds,

@@ -721,7 +721,7 @@ def tiny_run(tmp_path_factory):
 def test_script_logs_tensorboard_and_writes_summary(tiny_run):
     result, run_dir = tiny_run
     assert "eval (sampled, 8 episodes)" in result.stdout and "eval ( greedy, 8 episodes)" in result.stdout
-    assert os.path.basename(run_dir).startswith("Breakout-MinAtar__ppo_breakout__3__")
+    assert os.path.basename(run_dir).startswith("Breakout-MinAtar__ppo__3__")
 
     scalars = read_scalars(run_dir)
     for tag in TAGS:

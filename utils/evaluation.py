@@ -8,7 +8,7 @@ and whatever the reset environment does afterwards is ignored.
 
 Besides returns and lengths it keeps what behaviour diagnostics need: each episode's last observation
 (before the auto-reset), whether it terminated, a fingerprint of its observation sequence (equal
-fingerprints: the same episode), and the frames of the first `num_recorded` episodes.
+fingerprints: the same episode), and the first `record_steps` frames of the first `num_recorded` episodes.
 
 `make_evaluate_pair` compiles ppo_breakout.py's final evaluations, both protocols and both policies,
 into one program that plays them two at a time.
@@ -32,7 +32,7 @@ class EvalResult(NamedTuple):
     terminated: jax.Array  # (num_episodes,) True where it ended by the game's rule, not the time limit
     final_obs: jax.Array  # (num_episodes, *obs_shape) the observation the episode ended on
     fingerprint: jax.Array  # (num_episodes,) uint32 hash of the episode's observation sequence
-    frames: jax.Array  # (num_recorded, max_steps + 1, *obs_shape) observations 0..length of the first episodes
+    frames: jax.Array  # (num_recorded, record_steps + 1, *obs_shape) the first episodes' observations
 
 
 class _EvalCarry(NamedTuple):
@@ -56,7 +56,8 @@ def _observation_hash(obs: jax.Array) -> jax.Array:
     return jnp.sum(bits * weights, axis=-1, dtype=jnp.uint32)
 
 
-@functools.partial(jax.jit, static_argnames=("env", "policy_apply", "num_episodes", "max_steps", "num_recorded"))
+@functools.partial(jax.jit, static_argnames=("env", "policy_apply", "num_episodes", "max_steps", "num_recorded",
+                                             "record_steps"))
 def evaluate(
     key: jax.Array,
     policy_params: Any,
@@ -68,14 +69,16 @@ def evaluate(
     num_episodes: int,
     max_steps: int,
     num_recorded: int = 0,
+    record_steps: int | None = None,
 ) -> EvalResult:
     """Plays `num_episodes` episodes with the policy whose logits are `policy_apply(params, obs_batch)`.
 
     `greedy` picks the arg-max action instead of sampling; it is traced, so sampled and greedy
     evaluation share one compiled program, as do any `env_params` of one structure. The loop stops once
     all episodes have ended or after `max_steps` steps; episodes still running then are reported with
-    `finished=False`.
+    `finished=False`. Frames are kept for the first `record_steps` steps (all `max_steps` if None).
     """
+    record_steps = max_steps if record_steps is None else min(record_steps, max_steps)
     vmap_reset = jax.vmap(env.reset, in_axes=(0, None))
     vmap_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
     key, reset_key = jax.random.split(key)
@@ -97,8 +100,8 @@ def evaluate(
         ends = running & (terminated | truncated)
         final_obs = info["final_observation"]  # before the auto-reset
         # Frame t + 1 of a recorded episode is what its step t led to (the pre-reset one at its end).
-        frames = jax.lax.dynamic_update_index_in_dim(
-            carry.frames, final_obs[:num_recorded][:, None], carry.t + 1, axis=1)
+        frames = jax.lax.cond(carry.t < record_steps, lambda f: jax.lax.dynamic_update_index_in_dim(
+            f, final_obs[:num_recorded][:, None], carry.t + 1, axis=1), lambda f: f, carry.frames)
         return _EvalCarry(
             key=key,
             obs=obs,
@@ -124,7 +127,7 @@ def evaluate(
         terminated=jnp.zeros(num_episodes, bool),
         final_obs=jnp.zeros_like(obs),
         fingerprint=_observation_hash(obs),
-        frames=jnp.zeros((num_recorded, max_steps + 1, *obs.shape[1:]), obs.dtype).at[:, 0].set(
+        frames=jnp.zeros((num_recorded, record_steps + 1, *obs.shape[1:]), obs.dtype).at[:, 0].set(
             obs[:num_recorded]),
         t=jnp.zeros((), jnp.int32),
     )
@@ -134,32 +137,55 @@ def evaluate(
                       fingerprint=final.fingerprint, frames=final.frames)
 
 
-# The final evaluations: gymnax's protocol (no sticky actions, as in gymnax's published baselines) and
-# MinAtar's (sticky actions with probability 0.1), each with sampled actions (the policy PPO trained)
-# and greedy ones, whatever the training used. They are played in pairs (indices into EVALUATIONS), the
-# sampled pair first: play.gif needs only that one.
+# The two evaluation protocols. gymnax's: no sticky actions and gymnax's time limit (1000 steps, 2500 on
+# Freeway), as in gymnax's published baselines. MinAtar's (Young & Tian 2019): sticky actions 0.1 and no
+# time limit but the game's own (Freeway ends after 2500 steps); SAFETY_BOUND stops an endless episode.
+SAFETY_BOUND = 100_000
+GAME_TIME_LIMITS = {"Freeway-MinAtar": 2500}
+PROTOCOLS = ("gymnax", "minatar")
+
+
+def protocol_params(env_id: str, env_params: Any, protocol: str) -> Any:
+    """`env_params` (ppo_breakout.StickyParams) set to play under `protocol`."""
+    if protocol == "gymnax":
+        return env_params.replace(sticky_action_prob=0.0)
+    own_limit = env_params.env_params.max_steps_in_episode  # other environments keep their own
+    time_limit = GAME_TIME_LIMITS.get(env_id, SAFETY_BOUND if env_id.endswith("-MinAtar") else own_limit)
+    return env_params.replace(sticky_action_prob=0.1, env_params=env_params.env_params.replace(
+        max_steps_in_episode=time_limit))
+
+
+# The final evaluations: gymnax's protocol (key "") and MinAtar's ("sticky_0.1"), each with sampled
+# actions (the policy PPO trained) and greedy ones, whatever the training used. They are played in pairs
+# (indices into EVALUATIONS), the sampled pair first: play.gif needs only that one.
 EVALUATIONS = [("", "sampled"), ("", "greedy"), ("sticky_0.1", "sampled"), ("sticky_0.1", "greedy")]
 EVALUATION_PAIRS = [(0, 2), (1, 3)]
+PROTOCOL_OF = {"": "gymnax", "sticky_0.1": "minatar"}
 
 
-def make_evaluate_pair(env: Any, env_params: Any, policy_apply: Callable, num_episodes: int,
+def make_evaluate_pair(env: Any, env_id: str, env_params: Any, policy_apply: Callable, num_episodes: int,
                        num_devices: int) -> tuple[Callable, Mesh]:
     """A program that plays `EVALUATION_PAIRS[pair]`, split over up to two devices, each evaluation with
     the same key, so each gives the numbers it gives alone. Compiled once and called per pair, so the
     host can read the first pair while the second plays. `env_params` must have a `sticky_action_prob`
-    field (ppo_breakout.StickyParams)."""
+    field (ppo_breakout.StickyParams). The GIF's episodes are recorded for gymnax's time limit."""
     mesh = Mesh(np.array(jax.devices()[:min(num_devices, 2)]), ("data",))
+    protocols = [[protocol_params(env_id, env_params, PROTOCOL_OF[EVALUATIONS[i][0]]) for i in pair]
+                 for pair in EVALUATION_PAIRS]
     greedy = np.array([[EVALUATIONS[i][1] == "greedy" for i in pair] for pair in EVALUATION_PAIRS])
-    sticky = np.array([[0.1 if EVALUATIONS[i][0] else 0.0 for i in pair] for pair in EVALUATION_PAIRS], np.float32)
+    sticky = np.array([[p.sticky_action_prob for p in pair] for pair in protocols], np.float32)
+    limits = np.array([[p.env_params.max_steps_in_episode for p in pair] for pair in protocols], np.int32)
 
-    def evaluate_share(key, params, greedy, sticky):
+    def evaluate_share(key, params, greedy, sticky, limit):
         return jax.lax.map(lambda config: evaluate(
-            key, params, config[0], env=env, env_params=env_params.replace(sticky_action_prob=config[1]),
-            policy_apply=policy_apply, num_episodes=num_episodes,
-            max_steps=env_params.env_params.max_steps_in_episode + 1, num_recorded=min(8, num_episodes)),
-            (greedy, sticky))
+            key, params, config[0], env=env, env_params=env_params.replace(
+                sticky_action_prob=config[1],
+                env_params=env_params.env_params.replace(max_steps_in_episode=config[2])),
+            policy_apply=policy_apply, num_episodes=num_episodes, max_steps=int(limits.max()) + 1,
+            num_recorded=min(8, num_episodes), record_steps=env_params.env_params.max_steps_in_episode + 1),
+            (greedy, sticky, limit))
 
-    evaluate_split = jax.shard_map(evaluate_share, mesh=mesh, in_specs=(P(), P(), P("data"), P("data")),
+    evaluate_split = jax.shard_map(evaluate_share, mesh=mesh, in_specs=(P(), P(), *[P("data")] * 3),
                                    out_specs=P("data"), check_vma=False)
-    return jax.jit(lambda key, params, pair: evaluate_split(key, params, jnp.asarray(greedy)[pair],
-                                                            jnp.asarray(sticky)[pair])), mesh
+    return jax.jit(lambda key, params, pair: evaluate_split(
+        key, params, jnp.asarray(greedy)[pair], jnp.asarray(sticky)[pair], jnp.asarray(limits)[pair])), mesh

@@ -19,10 +19,19 @@ import numpy as np  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 from tensorboardX.proto.summary_pb2 import Summary  # noqa: E402
 
+from utils import evaluation  # noqa: E402
 from utils.evaluation import EVALUATION_PAIRS, EVALUATIONS  # noqa: E402
 
-# Breakout-MinAtar's channels, from gymnax's MinBreakout: paddle 0, ball 1, trail 2, brick 3.
-BREAKOUT_CHANNELS = ["paddle", "ball", "trail", "brick"]
+# Each MinAtar game's observation channels, in gymnax's order, with MinAtar's names.
+GAME_CHANNELS = {
+    "Asterix-MinAtar": ["player", "enemy", "trail", "gold"],
+    "Breakout-MinAtar": ["paddle", "ball", "trail", "brick"],
+    "Freeway-MinAtar": ["chicken", "car", "speed 1", "speed 2", "speed 3", "speed 4", "speed 5"],
+    "SpaceInvaders-MinAtar": ["cannon", "alien", "alien left", "alien right", "friendly bullet",
+                              "enemy bullet"],
+    "Seaquest-MinAtar": ["sub front", "sub back", "friendly bullet", "trail", "enemy bullet",
+                         "enemy fish", "enemy sub", "oxygen gauge", "diver gauge", "diver"],
+}
 BREAKOUT_PADDLE, BREAKOUT_BALL, BREAKOUT_BRICK = 0, 1, 3
 CHANNEL_COLOURS = (np.array(plt.get_cmap("tab10").colors) * 255).astype(np.uint8)
 CELL = 16  # pixels per grid cell
@@ -56,27 +65,36 @@ def text_strip(width: int, texts: list[tuple[int, str, int]]) -> np.ndarray:
 
 
 def play_gif(episodes: list[np.ndarray], titles: list[str], channel_names: list[str] | None = None,
-             frame_ms: int = 50) -> bytes:
+             frame_ms: int = 50, ends: list[str] | None = None) -> bytes:
     """A GIF of several episodes side by side, one panel each, frame t showing every episode's step t
     (an episode that has ended stays on its last frame). Each episode is (T, H, W, C); a legend of the
     channels' colours runs along the bottom."""
     num_frames = max(len(episode) for episode in episodes)
     height, width = episodes[0].shape[1] * CELL, episodes[0].shape[2] * CELL
     gap = 4
-    canvas = np.zeros((num_frames, 2 * LABEL + height, len(episodes) * (width + gap) - gap), np.uint8)
+    total_width = len(episodes) * (width + gap) - gap
     names = channel_names or [f"channel {c}" for c in range(episodes[0].shape[-1])]
-    starts = 2 + np.cumsum([0] + [16 + 6 * len(name) for name in names[:-1]])  # each legend entry's x
-    canvas[:, -LABEL:] = text_strip(canvas.shape[2], [(x + 11, name, 12) for x, name in zip(starts, names)])
-    for channel, x in enumerate(starts):  # a colour swatch before each name
-        canvas[:, -LABEL + 3:-LABEL + 11, x:x + 8] = channel + 1
+    rows, x = [[]], 2  # the legend's entries, (x, channel), wrapped into rows that fit the width
+    for channel, name in enumerate(names):
+        if x + 16 + 6 * len(name) > total_width and rows[-1]:
+            rows, x = rows + [[]], 2
+        rows[-1].append((x, channel))
+        x += 16 + 6 * len(name)
+    legend = len(rows) * LABEL
+    canvas = np.zeros((num_frames, LABEL + height + legend, total_width), np.uint8)
+    for r, row in enumerate(rows):
+        top = LABEL + height + r * LABEL
+        canvas[:, top:top + LABEL] = text_strip(total_width, [(x + 11, names[c], 12) for x, c in row])
+        for x, channel in row:  # a colour swatch before each name
+            canvas[:, top + 3:top + 11, x:x + 8] = channel + 1
     for i, (episode, title) in enumerate(zip(episodes, titles)):
         left = i * (width + gap)
-        canvas[:len(episode), LABEL:-LABEL, left:left + width] = grids_to_pixels(episode)
-        canvas[len(episode):, LABEL:-LABEL, left:left + width] = canvas[len(episode) - 1, LABEL:-LABEL,
-                                                                        left:left + width]
+        panel = (slice(LABEL, LABEL + height), slice(left, left + width))
+        canvas[:len(episode), panel[0], panel[1]] = grids_to_pixels(episode)
+        canvas[len(episode):, panel[0], panel[1]] = canvas[len(episode) - 1, panel[0], panel[1]]
         canvas[:len(episode) - 1, :LABEL, left:left + width] = text_strip(width, [(2, title, 12)])
         canvas[len(episode) - 1:, :LABEL, left:left + width] = text_strip(
-            width, [(2, f"{title}: over at {len(episode) - 1}", 12)])
+            width, [(2, f"{title}: {ends[i] if ends else f'over at {len(episode) - 1}'}", 12)])
     # Pixels that did not change since the previous frame become transparent, so each frame stores only
     # the ball's and paddle's moves (Pillow's optimize=True finds the same, frame by frame, more slowly).
     canvas[1:][canvas[1:] == canvas[:-1]] = TRANSPARENT
@@ -90,20 +108,24 @@ def play_gif(episodes: list[np.ndarray], titles: list[str], channel_names: list[
     return buffer.getvalue()
 
 
-def play_gif_of(sampled, sticky, breakout: bool) -> bytes | None:
-    """play_gif of two recorded episodes of `sampled` that start differently (in Breakout, the ball
-    from the left and from the right) and one of `sticky`; None where observations are not grids."""
+def play_gif_of(sampled, sticky, env_id: str) -> bytes | None:
+    """play_gif of two recorded episodes of `sampled` (in Breakout, ones whose ball starts on either
+    side) and one of `sticky`; None where observations are not grids. An episode longer than its
+    recording is shown for the recorded steps."""
     if sampled.frames.ndim != 5:
         return None
     first = sampled.frames[:, 0]
     other = next((i for i in range(1, len(first)) if not np.array_equal(first[i], first[0])), 1)
-    episodes = [sampled.frames[i, :sampled.lengths[i] + 1] for i in (0, other)]
-    episodes.append(sticky.frames[0, :sticky.lengths[0] + 1])
-    titles = ["start 1", "start 2", "sticky 0.1"]
-    if breakout:
+    played = [(sampled, 0), (sampled, other), (sticky, 0)]
+    episodes = [result.frames[i, :result.lengths[i] + 1] for result, i in played]
+    ends = [f"over at {result.lengths[i]}" if result.lengths[i] < result.frames.shape[1]
+            else f"{len(episode) - 1} of {result.lengths[i]} steps shown" for (result, i), episode
+            in zip(played, episodes)]
+    titles = ["episode 1", "episode 2", "sticky 0.1"]
+    if env_id == "Breakout-MinAtar":
         titles[:2] = [f"ball from the {'left' if e[0, ..., BREAKOUT_BALL].max(0).argmax() < 5 else 'right'}"
                       for e in episodes[:2]]
-    return play_gif(episodes, titles, BREAKOUT_CHANNELS if breakout else None)
+    return play_gif(episodes, titles, GAME_CHANNELS.get(env_id), ends=ends)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -248,10 +270,11 @@ def log_histograms(writer, histograms: dict, step: int) -> None:
                 bucket_limits=h["edges"][1:].tolist(), bucket_counts=h["counts"].tolist(), global_step=step)
 
 
-def report_evaluations(results: list, writer, run_dir: str, step: int, title: str, breakout: bool) -> dict:
+def report_evaluations(results: list, writer, run_dir: str, step: int, title: str, env_id: str) -> dict:
     """Prints, logs and draws (play.gif, behaviour.png) the final evaluations, `results` holding each of
     EVALUATION_PAIRS' results stacked; returns summary.json's `eval`: the results of protocol "" at its
     top level, the others under their protocol."""
+    breakout = env_id == "Breakout-MinAtar"  # Breakout's behaviour has panels of its own
     fetched = {}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         # The GIF is encoded in a thread (Pillow's encoder releases the GIL) once the sampled pair is here,
@@ -260,13 +283,15 @@ def report_evaluations(results: list, writer, run_dir: str, step: int, title: st
             pair_results = jax.device_get(pair_results)
             fetched |= {i: jax.tree.map(lambda x: x[k], pair_results) for k, i in enumerate(pair)}
             if pair == EVALUATION_PAIRS[0]:  # sampled, without and with sticky actions
-                gif = pool.submit(play_gif_of, *(fetched[i] for i in pair), breakout)
-        evaluation, labelled = {}, {}
+                gif = pool.submit(play_gif_of, *(fetched[i] for i in pair), env_id)
+        by_protocol, labelled = {}, {}
         for i, (protocol, mode) in enumerate(EVALUATIONS):
             result = fetched[i]
             assert result.finished.all(), "an evaluation episode outran the environment's time limit"
             labelled[f"{mode}, {protocol.replace('_', ' ')}" if protocol else mode] = result
-            numbers = evaluation.setdefault(protocol, {})[mode] = behaviour_numbers(result, breakout)
+            numbers = by_protocol.setdefault(protocol, {})[mode] = behaviour_numbers(result, breakout)
+            if protocol:  # MinAtar's protocol has no time limit: how many episodes the safety bound stopped
+                numbers["safety_bound_episodes"] = int((result.lengths >= evaluation.SAFETY_BOUND).sum())
             tag = f"eval/{protocol}/{mode}" if protocol else f"eval/{mode}"
             writer.add_scalar(f"{tag}_return", numbers["mean"], step)
             writer.add_scalar(f"{tag}_distinct_episodes", numbers["distinct_episodes"], step)
@@ -277,4 +302,4 @@ def report_evaluations(results: list, writer, run_dir: str, step: int, title: st
                       figure_to_png(behaviour_figure(labelled, breakout, title)), step)
         if gif.result() is not None:
             write_picture(writer, run_dir, "play.gif", "eval/play", gif.result(), step)
-    return {**evaluation.pop(""), **evaluation}
+    return {**by_protocol.pop(""), **by_protocol}
