@@ -106,7 +106,7 @@ class Args:
     """devices the environments are split across (0: the most, up to 8, that divide the batch); a seed
     replays the same run only with the same count"""
     jax_cache_dir: str = "~/.cache/jax"
-    """JAX's persistent compilation cache, so a rerun skips compiling ("" turns it off)"""
+    """JAX's persistent compilation cache, so a rerun skips compiling; at most 1 GiB ("" turns it off)"""
     save_model: bool = True
     """save the final parameters to model.safetensors in the run directory"""
     load_model: str = ""
@@ -547,6 +547,7 @@ def fill_runtime_fields(args: Args) -> Args:
 # Main: set up, compile, train (the loop only logs), evaluate, save
 # ---------------------------------------------------------------------------------------------------
 LOSS_METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
+CACHE_MAX_BYTES = 2**30  # a search compiles a program per setting: the cache must not fill the disk
 NETWORK_ARGS = ("env_id", "hidden_sizes", "activation", "layer_norm")  # in the model file's header
 
 
@@ -603,6 +604,7 @@ def main() -> None:
     if args.jax_cache_dir:  # cache every program, also those under JAX's 1 s default (such as the key splits)
         jax.config.update("jax_compilation_cache_dir", os.path.expanduser(args.jax_cache_dir))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)  # oldest programs go first
     env, env_params = make_env(args.env_id, args.sticky_action_prob)
     network = make_network(env.action_space(env_params).n, args.hidden_sizes, args.activation,
                            args.layer_norm)

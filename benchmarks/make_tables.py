@@ -82,8 +82,8 @@ def ci(x: dict, fmt: str = "{:.1f}") -> str:
     return f"{fmt.format(x['value'])} [{fmt.format(x['ci'][0])}, {fmt.format(x['ci'][1])}]"
 
 
-def signed_ci(x: dict) -> str:
-    return f"{x['value']:+.1f} [{x['ci'][0]:+.1f}, {x['ci'][1]:+.1f}]"
+def signed_ci(x: dict, fmt: str = "{:+.1f}") -> str:
+    return f"{fmt.format(x['value'])} [{fmt.format(x['ci'][0])}, {fmt.format(x['ci'][1])}]"
 
 
 def wall(returns) -> str:
@@ -340,6 +340,69 @@ def long_runs_table() -> str:
     return "\n".join(lines)
 
 
+# The settings screened on all five games (benchmarks/results/screen, 4 seeds each), in the order tried.
+SCREEN = ["defaults", "sticky", "layernorm"]
+
+
+def games_screen_table(steps: int = 1_000_000) -> str:
+    """Per setting: the normalised IQM over the five games x seeds under each protocol, its paired
+    difference from the defaults, and each game's mean return (gymnax's / MinAtar's protocol)."""
+    from benchmarks import aggregate
+    random = load("games", "random_scores.json")["random_returns"]
+    results_dir = os.path.join(ROOT, RESULTS, "screen")
+    base = aggregate.load(results_dir, "defaults", steps)
+    lines = ["| setting | flags | gymnax: IQM [95% CI] | vs defaults | MinAtar: IQM [95% CI] | vs defaults | "
+             + " | ".join(aggregate.GAMES) + " |",
+             "|---|---|---:|---:|---:|---:|" + "---:|" * len(aggregate.GAMES)]
+    for setting in SCREEN:
+        results = aggregate.load(results_dir, setting, steps)
+        if results is None:
+            continue
+        cells = [setting, " ".join(f"`--{k.replace('_', '-')} {v}`" for k, v in
+                                   results["Breakout"]["changed_args"].items()
+                                   if k != "total_timesteps" and k != "env_id") or "(defaults)"]
+        for protocol in aggregate.PROTOCOL_KEYS:
+            per_game = aggregate.normalised(results, protocol, random)
+            cells.append(ci(aggregate.summarize(per_game), "{:.2f}"))
+            cells.append("" if setting == "defaults" else
+                         signed_ci(aggregate.compare(aggregate.normalised(base, protocol, random), per_game),
+                                   "{:+.2f}"))
+        for game in aggregate.GAMES:
+            cells.append(" / ".join(f"{np.mean(results[game][key]):.1f}"
+                                    for key in aggregate.PROTOCOL_KEYS.values()))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def breakout_10m_table() -> str:
+    """Breakout at 10M steps, 4 seeds per setting: each seed's return under both protocols and the
+    largest logit gap of its training."""
+    lines = ["| setting | gymnax protocol, per seed | mean [95% CI] | MinAtar protocol, per seed | "
+             "mean [95% CI] | largest logit gap, per seed |", "|---|---|---:|---|---:|---|"]
+    for setting in SCREEN:
+        path = os.path.join(ROOT, RESULTS, "screen", f"{setting}__Breakout__10000000.json")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            result = json.load(f)
+        cells = [setting]
+        for key in ("eval_returns", "eval_returns_minatar"):
+            returns = np.array(result[key])
+            cells += [", ".join(f"{r:.1f}" for r in returns),
+                      ci({"value": returns.mean(), "ci": stats.bootstrap_ci(returns, stats.mean)})]
+        cells.append(", ".join(f"{g:.0f}" for g in result["stability"]["logit_gap_max"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def screen_commands() -> str:
+    commands = []
+    for name in sorted(os.listdir(os.path.join(ROOT, RESULTS, "screen"))):
+        if name.endswith(".json"):
+            commands.append(load("screen", name)["command"])
+    return "\n".join(["```bash", *commands, "```"])
+
+
 def long_runs_commands() -> str:
     return "\n".join(["```bash", *[load(*path.split("/"))["command"] for path, _, _ in LONG_RUNS], "```"])
 
@@ -396,7 +459,9 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "speed": speed_table, "script-speed": script_speed_table, "history": history_tables,
           "ratio": ratio_table, "ratio-commands": ratio_commands,
           "long-runs": long_runs_table, "long-runs-commands": long_runs_commands,
-          "search-sticky": lambda: search_table("search_sticky.json")}
+          "search-sticky": lambda: search_table("search_sticky.json"),
+          "games-screen": games_screen_table, "breakout-10m": breakout_10m_table,
+          "screen-commands": screen_commands}
 
 
 def with_tables(doc: str) -> str:

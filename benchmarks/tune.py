@@ -290,6 +290,7 @@ def main() -> None:
     cfg = ppo_breakout.fill_runtime_fields(args.ppo)
     if cfg.jax_cache_dir:
         jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cfg.jax_cache_dir))
+        jax.config.update("jax_compilation_cache_max_size", ppo_breakout.CACHE_MAX_BYTES)
     baseline = None
     if args.baseline:
         with open(args.baseline) as f:

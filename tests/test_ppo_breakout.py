@@ -1030,3 +1030,19 @@ def test_importing_the_script_leaves_the_garbage_collector_on():
     process that imports the script, like this one) would keep every cycle of garbage it makes."""
     assert gc.isenabled()
     assert gc.get_freeze_count() > 100_000  # the imports' objects are out of later collections
+
+
+def test_approx_kl_is_the_low_variance_k3_estimator_not_the_naive_one():
+    # k3 = (r - 1) - log r over the minibatch's actions; the naive k1 = -log r has the same mean in
+    # expectation but a far larger variance, and goes negative (http://joschu.net/blog/kl-approx.html).
+    args, network, params, mb = loss_setup()
+    noise = 0.5 * jax.random.normal(jax.random.key(1), mb.logits.shape)
+    mb = mb._replace(logits=mb.logits + noise)  # the "old" policy differs from the current one
+    _, metrics = ppo.ppo_loss(params, network, mb, args)
+    rows = np.arange(len(mb.action))
+    new = np.asarray(jax.nn.log_softmax(network.apply(params, mb.obs)[0]), np.float64)[rows, mb.action]
+    old = np.asarray(jax.nn.log_softmax(mb.logits), np.float64)[rows, mb.action]
+    log_r = new - old
+    np.testing.assert_allclose(metrics["approx_kl"], np.mean(np.expm1(log_r) - log_r), rtol=1e-4)
+    assert abs(metrics["approx_kl"] - np.mean(-log_r)) > 0.05  # not k1
+    assert metrics["approx_kl"] > 0
