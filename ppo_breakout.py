@@ -111,7 +111,7 @@ class Args:
     load_model: str = ""
     """evaluate this model.safetensors instead of training (its header gives --env-id,
     --hidden-sizes and --activation)"""
-    checkpoint_every: int = 10
+    checkpoint_every: int = 5
     """write the whole training state to the run directory's checkpoint.safetensors every this many
     iterations and when the run stops (0: never)"""
     resume: str = ""
@@ -644,8 +644,8 @@ def code_version() -> str:
 
 def save_checkpoint(run_dir: str, args: Args, writer: checkpoint.RunLog, runner: RunnerState,
                     progress: Progress) -> None:
-    """Writes the runner, progress and arguments to the run directory's checkpoint once the log up
-    to here is on disk (in the background; the arrays are copied first)."""
+    """Writes the runner, progress and arguments to the run directory's checkpoint, in the
+    background, once the log up to here is on disk."""
     step = progress.iteration * args.batch_size
     kept = sum(s <= step for s in progress.history.steps)  # a non-finite stop: the state before it
     history = History(*(np.array(column[:kept], dtype) for column, dtype in
@@ -654,9 +654,8 @@ def save_checkpoint(run_dir: str, args: Args, writer: checkpoint.RunLog, runner:
                   if f.init and f.name != "resume"}
     header = {"format": CHECKPOINT_FORMAT, "code": code_version(), "iteration": progress.iteration,
               "train_seconds": progress.train_seconds, "args": saved_args}
-    data = checkpoint.state_bytes({"runner": runner, "history": history},
-                                  {name: json.dumps(value) for name, value in header.items()})
-    writer.save(os.path.join(run_dir, CHECKPOINT), data, step)
+    writer.save_state(os.path.join(run_dir, CHECKPOINT), {"runner": runner, "history": history},
+                      {name: json.dumps(value) for name, value in header.items()}, step)
 
 
 def read_checkpoint(run_dir: str) -> tuple[str, dict, dict]:

@@ -194,17 +194,17 @@ class RunLog:
         return SummaryWriter(self.logdir, purge_step=purge_step,
                              filename_suffix=f".{step:012d}.{os.getpid()}.{self.files:06d}")
 
-    def save(self, path: str, data: bytes, step: int) -> None:
-        """Writes `data` to `path` atomically in the background, once the log up to `step` is
-        closed."""
+    def save_state(self, path: str, trees: dict, header: dict[str, str], step: int) -> None:
+        """Writes `trees` and `header` to `path` (see `state_bytes`) atomically in the background,
+        once the log up to `step` is on disk. The arrays must not change (JAX's do not)."""
         self.wait()
         logged, self.writer = self.writer, self.open(step)
-        self.pending = self.disk.submit(self.write, logged, path, data)
+        self.pending = self.disk.submit(self.write, logged, path, trees, header)
 
     @staticmethod
-    def write(logged: SummaryWriter, path: str, data: bytes) -> None:
+    def write(logged: SummaryWriter, path: str, trees: dict, header: dict[str, str]) -> None:
         logged.close()  # first the log up to the checkpoint's step, then the checkpoint
-        write_atomically(path, data)
+        write_atomically(path, state_bytes(trees, header))
 
     def wait(self) -> None:
         """Returns once the last checkpoint is on disk; raises what its write raised."""
