@@ -664,10 +664,12 @@ def read_checkpoint(run_dir: str) -> tuple[str, dict, dict]:
     path = os.path.join(run_dir, CHECKPOINT)
     if not os.path.isdir(run_dir):
         raise ValueError(f"--resume {run_dir}: no such run directory")
-    with contextlib.suppress(OSError, ValueError):
+    status = None  # a run killed outright has no summary.json
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         with open(os.path.join(run_dir, "summary.json")) as f:
-            if json.load(f)["status"] == "completed":
-                raise ValueError(f"--resume {run_dir}: that run completed; nothing to resume")
+            status = json.load(f)["status"]
+    if status == "completed":
+        raise ValueError(f"--resume {run_dir}: that run completed; nothing to resume")
     if not os.path.exists(path):
         raise ValueError(f"--resume {run_dir} has no {CHECKPOINT} (it ran with "
                          f"--checkpoint-every 0, or stopped before its first)")
@@ -694,6 +696,7 @@ def load_checkpoint(run_dir: str, like: RunnerState,
     if any(f"history.{name}" not in tensors for name in History._fields):
         raise ValueError(f"{path} has no learning curve: it is not a checkpoint of this script")
     history = History(*(tensors[f"history.{name}"].tolist() for name in History._fields))
+    checkpoint.remove_partial_writes(run_dir)  # of a run killed while writing a checkpoint
     return runner, Progress(checkpoint.header_value(path, header, "iteration"), history,
                             checkpoint.header_value(path, header, "train_seconds"))
 
@@ -773,8 +776,7 @@ def main() -> None:
                     save = functools.partial(save_checkpoint, run_dir, args, writer)
                 runner, status, progress, non_finite = train(args, update_step, runner, writer,
                                                              stop, start, save)
-                # The state it stopped in (after a non-finite value, the last finite one).
-                if save and progress.iteration % args.checkpoint_every:
+                if save:  # the state it stopped in (after a non-finite value, the last finite one)
                     save(runner, progress)
                 iterations, history = progress.iteration, progress.history
                 params, global_step = runner.train_state.params, iterations * args.batch_size

@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import tempfile
+import time
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +45,13 @@ def write_atomically(path: str, data: bytes) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+def remove_partial_writes(directory: str) -> None:
+    """Removes the temporary files of writes that a killed process left in `directory`."""
+    for name in os.listdir(directory):
+        if name.startswith(tempfile.gettempprefix()) and name.endswith(".tmp"):
+            os.remove(os.path.join(directory, name))
 
 
 def read_safetensors(path: str, what: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -185,6 +193,10 @@ class RunLog:
         # steps after its checkpoint, which the resumed run logs again).
         self.logdir, self.files, self.pending = logdir, 0, None
         self.disk = concurrent.futures.ThreadPoolExecutor(1)
+        # Event files sort by the second they were made in, so a resumed log waits for a second that
+        # no file of the run before it was made in (less than a second, right after a kill).
+        made = [int(name.split(".")[3]) for name in os.listdir(logdir) if name.startswith("events.out.tfevents.")]
+        time.sleep(max(0.0, max(made, default=0) + 1 - time.time()))
         self.writer = self.open(step, purge_step)
 
     def open(self, step: int, purge_step: int | None = None) -> SummaryWriter:
