@@ -42,7 +42,6 @@ from gymnax.environments import spaces
 from gymnax.wrappers.purerl import GymnaxWrapper
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from tensorboardX import SummaryWriter
 
 from utils import checkpoint, cli, diagnostics, visualize
 from utils.evaluation import make_evaluate_pair
@@ -582,7 +581,7 @@ class Progress(NamedTuple):
     train_seconds: float
 
 
-def train(args: Args, update_step, runner: RunnerState, writer: SummaryWriter,
+def train(args: Args, update_step, runner: RunnerState, writer: checkpoint.RunLog,
           stop: cli.StopSignals, start: Progress, save_checkpoint=None):
     """Runs and logs the iterations after `start`; stops early on a signal or a non-finite value;
     calls save_checkpoint(runner, progress) every --checkpoint-every iterations. Returns the runner
@@ -627,9 +626,9 @@ def train(args: Args, update_step, runner: RunnerState, writer: SummaryWriter,
     return runner, "completed", Progress(args.num_iterations, history, elapsed), None
 
 
-# -------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Checkpoints: the whole training state, so that a resumed run is the run that would have been
-# -------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 CHECKPOINT = "checkpoint.safetensors"
 CHECKPOINT_FORMAT = "ppo_breakout checkpoint 1"
 RESUME_MAY_CHANGE = ("checkpoint_every", "jax_cache_dir", "num_devices")  # they change no result
