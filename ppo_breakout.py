@@ -9,6 +9,7 @@ Run:  python ppo_breakout.py --total-timesteps 1000000
 Docs: docs/ppo_breakout.md
 """
 
+import contextlib
 import dataclasses
 import functools
 import gc
@@ -41,7 +42,6 @@ from gymnax.environments import spaces
 from gymnax.wrappers.purerl import GymnaxWrapper
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
-from tensorboardX import SummaryWriter
 
 from utils import checkpoint, cli, diagnostics, visualize
 from utils.evaluation import make_evaluate_pair
@@ -110,8 +110,15 @@ class Args:
     save_model: bool = True
     """save the final parameters to model.safetensors in the run directory"""
     load_model: str = ""
-    """evaluate this model.safetensors instead of training (with the --env-id, --hidden-sizes and
-    --activation it was trained with)"""
+    """evaluate this model.safetensors instead of training (its header gives --env-id,
+    --hidden-sizes and --activation)"""
+    checkpoint_every: int = 5
+    """write the whole training state to the run directory's checkpoint.safetensors every this many
+    iterations and when the run stops (0: never)"""
+    resume: str = ""
+    """continue the run in this run directory from its checkpoint, with its arguments: only
+    --checkpoint-every, --jax-cache-dir and --num-devices may change (another device count continues
+    the run, not bit for bit)"""
 
     # filled at runtime
     batch_size: int = dataclasses.field(init=False, default=0)
@@ -503,8 +510,8 @@ def check_args(args: Args) -> str | None:
     cache_dir = os.path.expanduser(args.jax_cache_dir)
     if args.jax_cache_dir and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
         return f"--jax-cache-dir {args.jax_cache_dir} exists and is not a directory"
-    if args.load_model and not os.path.isfile(args.load_model):
-        return f"--load-model {args.load_model}: no such file"
+    if args.checkpoint_every < 0:
+        return f"--checkpoint-every must be 0 (never) or positive, got {args.checkpoint_every}"
     if args.env_id not in gymnax.registered_envs:
         return f"unknown --env-id {args.env_id!r}; gymnax has: {', '.join(gymnax.registered_envs)}"
     env, env_params = gymnax.make(args.env_id)
@@ -518,6 +525,23 @@ def check_args(args: Args) -> str | None:
     if evaluation > available:
         return (f"--eval-episodes {args.eval_episodes} would need about {evaluation / 2**30:,.1f} GiB of memory "
                 f"to play all episodes at once and {available / 2**30:,.1f} GiB are available")
+    return None
+
+
+def take_saved_args(args: Args, given: set[str]) -> str | None:
+    """--load-model takes the network's arguments from the model file's header, --resume all the
+    run's arguments from its checkpoint; a flag given explicitly must agree. An error, or None."""
+    try:
+        if args.resume and args.load_model:
+            return "--resume continues training and --load-model only evaluates: give one of them"
+        if args.load_model:
+            saved = checkpoint.read_network_args(args.load_model, NETWORK_ARGS)
+            return cli.adopt(args, saved, given, f"{args.load_model} was trained")
+        if args.resume:
+            saved = read_checkpoint_args(args.resume)
+            return cli.adopt(args, saved, given, f"{args.resume} was run", RESUME_MAY_CHANGE)
+    except ValueError as e:
+        return str(e)
     return None
 
 
@@ -558,13 +582,24 @@ class History(NamedTuple):
     returns: list
 
 
-def train(args: Args, update_step, runner: RunnerState, writer: SummaryWriter, stop: cli.StopSignals):
-    """Runs and logs the iterations; stops early on a signal or a non-finite value. Returns the runner to
-    keep (on a non-finite value, the one before), the status, the iterations kept, the non-finite metric
-    and the History."""
-    every_tenth, history, recent_return = max(1, args.num_iterations // 10), History([], [], []), float("nan")
-    train_start = time.time()
-    for iteration in range(1, args.num_iterations + 1):
+class Progress(NamedTuple):
+    """How far training is: with the RunnerState, what a checkpoint holds."""
+    iteration: int
+    history: History
+    train_seconds: float
+
+
+def train(args: Args, update_step, runner: RunnerState, writer: checkpoint.RunLog,
+          stop: cli.StopSignals, start: Progress, save_checkpoint=None):
+    """Runs and logs the iterations after `start`; stops early on a signal or a non-finite value;
+    calls save_checkpoint(runner, progress) every --checkpoint-every iterations. Returns the runner
+    to keep (on a non-finite value, the one before), the status, its Progress and the non-finite
+    metric."""
+    every_tenth, history = max(1, args.num_iterations // 10), start.history
+    recent_return = history.returns[-1] if history.returns else float("nan")
+    elapsed = start.train_seconds
+    train_start = time.time() - elapsed  # a resumed run's clock goes on from its checkpoint
+    for iteration in range(start.iteration + 1, args.num_iterations + 1):
         previous = runner
         runner, metrics = update_step(runner)
         metrics = jax.device_get(metrics)  # the one host transfer per iteration
@@ -589,18 +624,94 @@ def train(args: Args, update_step, runner: RunnerState, writer: SummaryWriter, s
         if not metrics["finite"]:
             bad = next((f"losses/{name}" for name in LOSS_METRICS if not np.isfinite(metrics[name])),
                        "diagnostics/grad_norm" if not np.isfinite(metrics["grad_norm"]) else "the parameters")
-            return previous, "non_finite", iteration - 1, bad, history
+            return previous, "non_finite", Progress(iteration - 1, history, elapsed), bad
         if tenth:
             print(f"step {global_step:>9,} | SPS {global_step / elapsed:>8,.0f} | episodic return {recent_return:6.2f}")
+        if save_checkpoint and iteration % args.checkpoint_every == 0:
+            save_checkpoint(runner, Progress(iteration, history, elapsed))
         if stop.received:
-            return runner, "interrupted", iteration, None, history
-    return runner, "completed", args.num_iterations, None, history
+            return runner, "interrupted", Progress(iteration, history, elapsed), None
+    return runner, "completed", Progress(args.num_iterations, history, elapsed), None
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoints: the whole training state, so that a resumed run is the run that would have been
+# --------------------------------------------------------------------------------------------------
+CHECKPOINT = "checkpoint.safetensors"
+CHECKPOINT_FORMAT = "ppo_breakout checkpoint 1"
+RESUME_MAY_CHANGE = ("checkpoint_every", "jax_cache_dir", "num_devices")  # they change no result
+
+
+def code_version() -> str:
+    """A digest of the code that decides what is trained, logged and evaluated."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    return checkpoint.source_digest(__file__, *(os.path.join(here, "utils", name)
+                                                for name in ("evaluation.py", "diagnostics.py")))
+
+
+def save_checkpoint(run_dir: str, args: Args, writer: checkpoint.RunLog, runner: RunnerState,
+                    progress: Progress) -> None:
+    """Writes the runner, progress and arguments to the run directory's checkpoint, in the
+    background, once the log up to here is on disk."""
+    step = progress.iteration * args.batch_size
+    kept = sum(s <= step for s in progress.history.steps)  # a non-finite stop: the state before it
+    history = History(*(np.array(column[:kept], dtype) for column, dtype in
+                        zip(progress.history, (np.int64, np.float64, np.float64))))
+    saved_args = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
+                  if f.init and f.name != "resume"}
+    header = {"format": CHECKPOINT_FORMAT, "code": code_version(), "iteration": progress.iteration,
+              "train_seconds": progress.train_seconds, "args": saved_args}
+    writer.save_state(os.path.join(run_dir, CHECKPOINT), {"runner": runner, "history": history},
+                      {name: json.dumps(value) for name, value in header.items()}, step)
+
+
+def read_checkpoint(run_dir: str) -> tuple[str, dict, dict]:
+    """(path, tensors, header) of `run_dir`'s checkpoint if this code can resume it, else
+    ValueError."""
+    path = os.path.join(run_dir, CHECKPOINT)
+    if not os.path.isdir(run_dir):
+        raise ValueError(f"--resume {run_dir}: no such run directory")
+    status = None  # a run killed outright has no summary.json
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            status = json.load(f)["status"]
+    if status == "completed":
+        raise ValueError(f"--resume {run_dir}: that run completed; nothing to resume")
+    if not os.path.exists(path):
+        raise ValueError(f"--resume {run_dir} has no {CHECKPOINT} (it ran with "
+                         f"--checkpoint-every 0, or stopped before its first)")
+    tensors, header = checkpoint.read_safetensors(path, "--resume")
+    if header.get("format") != json.dumps(CHECKPOINT_FORMAT):
+        raise ValueError(f"{path} is not a checkpoint of this script")
+    if checkpoint.header_value(path, header, "code") != code_version():
+        raise ValueError(f"{path} was written by another version of ppo_breakout.py or utils/; "
+                         f"resume it with the code that wrote it")
+    return path, tensors, header
+
+
+def read_checkpoint_args(run_dir: str) -> dict:
+    path, _, header = read_checkpoint(run_dir)
+    return checkpoint.header_value(path, header, "args")
+
+
+def load_checkpoint(run_dir: str, like: RunnerState,
+                    shardings: RunnerState) -> tuple[RunnerState, Progress]:
+    """The runner (placed on `shardings`) and Progress of `run_dir`'s checkpoint; `like` gives the
+    runner's structure, shapes and dtypes."""
+    path, tensors, header = read_checkpoint(run_dir)
+    runner = jax.device_put(checkpoint.restore(path, tensors, header, "runner", like), shardings)
+    if any(f"history.{name}" not in tensors for name in History._fields):
+        raise ValueError(f"{path} has no learning curve: it is not a checkpoint of this script")
+    history = History(*(tensors[f"history.{name}"].tolist() for name in History._fields))
+    checkpoint.remove_partial_writes(run_dir)  # of a run killed while writing a checkpoint
+    return runner, Progress(checkpoint.header_value(path, header, "iteration"), history,
+                            checkpoint.header_value(path, header, "train_seconds"))
 
 
 def main() -> None:
     # Setup: arguments, environment, network, and the saved model if one is to be evaluated.
     wall_start = time.time()
-    args = cli.parse_args(Args, check_args, __doc__.split("\n\n")[0])
+    args = cli.parse_args(Args, check_args, __doc__.split("\n\n")[0], take_saved=take_saved_args)
     if args.jax_cache_dir:  # cache every program, also those under JAX's 1 s default (such as the key splits)
         jax.config.update("jax_compilation_cache_dir", os.path.expanduser(args.jax_cache_dir))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
@@ -610,7 +721,7 @@ def main() -> None:
                            args.layer_norm)
     runner_key, eval_key = jax.random.split(jax.random.key(args.seed))
     network_args = {name: getattr(args, name) for name in NETWORK_ARGS}
-    training = not args.load_model
+    training, start = not args.load_model, Progress(0, History([], [], []), 0.0)
     if not training:
         obs = jax.eval_shape(env.reset, runner_key, env_params)[0]
         shapes = jax.eval_shape(network.init, runner_key, jax.ShapeDtypeStruct((1, *obs.shape), obs.dtype))
@@ -627,9 +738,19 @@ def main() -> None:
     if training:
         optimizer = make_optimizer(args)
         mesh = Mesh(np.array(jax.devices()[:args.num_devices]), ("data",))
-        runner = jax.jit(functools.partial(init_runner, env=env, env_params=env_params, network=network,
-                                           optimizer=optimizer, num_envs=args.num_envs),
-                         out_shardings=make_runner_shardings(mesh))(runner_key)
+        init = jax.jit(functools.partial(init_runner, env=env, env_params=env_params,
+                                         network=network, optimizer=optimizer,
+                                         num_envs=args.num_envs),
+                       out_shardings=make_runner_shardings(mesh))
+        if args.resume:  # the checkpoint's state for a fresh one, read before anything is written
+            try:
+                runner, start = load_checkpoint(args.resume, jax.eval_shape(init, runner_key),
+                                                make_runner_shardings(mesh))
+            except ValueError as e:
+                print(f"error: {e}", file=sys.stderr)
+                sys.exit(2)
+        else:
+            runner = init(runner_key)
         update_step = make_parallel_update_step(args, env, env_params, network, optimizer, mesh).lower(runner).compile()
         params = runner.train_state.params
     evaluate_pair, eval_mesh = make_evaluate_pair(env, args.env_id, env_params, lambda p, o: network.apply(p, o)[0],
@@ -638,23 +759,37 @@ def main() -> None:
     evaluate_pair = evaluate_pair.lower(eval_key, jax.device_put(params, replicated), 0).compile()
     compile_seconds = time.time() - compile_start
 
-    run_dir = cli.make_run_dir(f"{args.env_id}__{args.exp_name}__{args.seed}")
-    writer = SummaryWriter(run_dir)
-    writer.add_text("hyperparameters",
-                    "|param|value|\n|-|-|\n" + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
+    run_dir = args.resume or cli.make_run_dir(f"{args.env_id}__{args.exp_name}__{args.seed}")
+    start_step = start.iteration * args.batch_size
+    # A resumed log starts where the checkpoint stopped: TensorBoard drops what was logged after it.
+    purge_step = start_step + 1 if args.resume else None
+    writer = checkpoint.RunLog(run_dir, start_step, purge_step)
+    if not args.resume:
+        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n"
+                        + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
     summary = {"status": "failed", "env_id": args.env_id, "seed": args.seed, "total_timesteps": args.total_timesteps,
                "compile_seconds": compile_seconds}
+    if args.resume:
+        summary["resumed_at_step"] = start_step
     exit_code = 0
     try:  # from here on, summary.json says how the run ended, whatever happens
         with cli.StopSignals() as stop:
             # Train.
             if training:
+                resumed = f"; resumed at step {start_step:,}" if args.resume else ""
                 print(f"{args.env_id}: {args.num_iterations} iterations of {args.batch_size} steps on "
-                      f"{args.num_devices} device(s); compiled in {compile_seconds:.1f}s; logging to {run_dir}")
-                train_start = time.time()
-                runner, status, iterations, non_finite, history = train(args, update_step, runner, writer, stop)
+                      f"{args.num_devices} device(s); compiled in {compile_seconds:.1f}s; "
+                      f"logging to {run_dir}{resumed}")
+                save = None
+                if args.checkpoint_every:
+                    save = functools.partial(save_checkpoint, run_dir, args, writer)
+                runner, status, progress, non_finite = train(args, update_step, runner, writer,
+                                                             stop, start, save)
+                if save:  # the state it stopped in (after a non-finite value, the last finite one)
+                    save(runner, progress)
+                iterations, history = progress.iteration, progress.history
                 params, global_step = runner.train_state.params, iterations * args.batch_size
-                summary.update(train_seconds=time.time() - train_start, iterations=iterations)
+                summary.update(train_seconds=progress.train_seconds, iterations=iterations)
                 summary["sps"] = global_step / summary["train_seconds"] if global_step else 0.0
             else:
                 print(f"{args.env_id}: evaluating {args.load_model}; compiled in {compile_seconds:.1f}s; "

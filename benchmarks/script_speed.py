@@ -64,6 +64,9 @@ def main() -> None:
         fail(f"--rounds must be positive, got {args.rounds}")
     if args.out and os.path.exists(args.out):
         fail(f"--out {args.out} exists; choose another name")
+    if subprocess.run(["git", "-C", ROOT, "rev-parse", "--git-dir"], capture_output=True).returncode:
+        fail(f"--base {args.base}: the earlier commit comes from a git checkout, and {ROOT} is "
+             "not one")
     with tempfile.TemporaryDirectory() as tmp:
         base_tree, workdir = os.path.join(tmp, "base"), os.path.join(tmp, "runs")
         os.makedirs(workdir)

@@ -1,4 +1,4 @@
-"""Hyperparameter search: an Optuna study over ppo_breakout.py's settings, each trial a run of the harness.
+"""Hyperparameter search: an Optuna study over ppo_breakout.py's settings, a trial a harness run.
 
 Each trial trains --num-seeds seeds at once with benchmarks/tune.py's `train_seeds` and scores the
 interquartile mean (IQM) of their evaluation returns. After each chunk of training it reports the
@@ -6,11 +6,12 @@ chunk's training return, and a median pruner stops trials whose curve falls belo
 trials before them. The first trial of a new study is the script's defaults.
 
 The study lives in a storage, so it resumes: run the same command again and it continues until
---n-trials trials have finished (completed or pruned); a trial left running by a killed process is
-retried. The default storage is an SQLite file; point workers on many machines at one database URL
-(e.g. postgresql://user:pass@host/db) and they share the study. With --out, the study is exported
-as JSON: every trial, the best ones with bootstrap intervals, the parameter importances, and the
-harness flags of the best trial (to confirm it on fresh seeds).
+--n-trials trials have finished (completed or pruned). Several workers share one study: processes
+on one machine through a journal file (--storage runs/search.journal), workers on many machines
+through a database server (--storage postgresql://user:pass@host:5432/db). They stop at exactly
+--n-trials between them, and a trial whose worker was killed is retried by another. With --out,
+the study is exported as JSON: every trial, the best ones with bootstrap intervals, the parameter
+importances, and the harness flags of the best trial (to confirm it on fresh seeds).
 
 Run:  python benchmarks/search.py --n-trials 30 --num-seeds 8 --out benchmarks/results/search.json
 Docs: docs/tuning.md
@@ -39,7 +40,8 @@ ppo_breakout = tune.ppo_breakout
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 # The search space: every ppo_breakout.Args field that shapes learning, by name, except the
-# environment, the step budget and the seed. The torso's widths are two parameters, width_1 and width_2.
+# environment, the step budget and the seed. The torso's widths are two parameters, width_1 and
+# width_2.
 SEARCH_SPACE = {
     "learning_rate": FloatDistribution(1e-3, 2e-2, log=True),
     "anneal_lr": CategoricalDistribution([True, False]),
@@ -69,9 +71,11 @@ class Args:
     study_name: str = "breakout-ppo"
     """the study's name in the storage"""
     storage: str = "runs/search.db"
-    """an SQLite file, or a database URL shared by workers on many machines (postgresql://...)"""
+    """an SQLite file (one process), a file ending in .journal (processes on one machine), or a
+    database URL for workers on many machines (postgresql://user:pass@host:5432/db)"""
     n_trials: int = 30
-    """run trials until the study holds this many finished (completed or pruned) ones"""
+    """run trials until the study holds this many finished (completed or pruned) ones, counted over
+    all its workers"""
     num_seeds: int = 8
     """seeds per trial, trained at once"""
     first_seed: int = 1
@@ -82,20 +86,25 @@ class Args:
     num_chunks: int = 10
     """chunks of training per trial: the points the pruner sees"""
     prune_from_chunk: int = 4
-    """the pruner may stop a trial from this chunk on (1-based): early curves favour fast starters"""
+    """the pruner may stop a trial from this chunk on (1-based): early curves favour fast
+    starters"""
     fixed: tuple[str, ...] = ()
-    """search-space parameters held at their --ppo value instead of searched (hidden_sizes: both widths,
-    from --ppo.hidden-sizes)"""
+    """search-space parameters held at their --ppo value instead of searched (hidden_sizes: both
+    widths, from --ppo.hidden-sizes)"""
     sampler_seed: int | None = None
-    """seed of the TPE sampler, plus the number of trials the study already holds (so a resumed study
-    does not replay its first draws); None draws a fresh one. Concurrent workers need different seeds"""
+    """seed of the TPE sampler, plus the number of trials up to this worker's first one: trial
+    numbers are unique, so workers given the same seed still draw apart; None draws a fresh one"""
+    heartbeat_interval: int = 60
+    """seconds between a running trial's heartbeats in a database; a trial silent for five of them
+    (its worker was killed) is failed and retried once by another worker"""
     out: str = ""
     """write the study's report (JSON) here when the run ends"""
 
 
 def find_search_error(args: Args) -> str | None:
     """What is wrong with the search's own arguments, before any storage is opened or made."""
-    for name in ("n_trials", "num_seeds", "eval_episodes", "num_chunks", "prune_from_chunk"):
+    for name in ("n_trials", "num_seeds", "eval_episodes", "num_chunks", "prune_from_chunk",
+                 "heartbeat_interval"):
         if getattr(args, name) <= 0:
             return f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}"
     known = set(SEARCH_SPACE) | {"hidden_sizes"}
@@ -114,30 +123,146 @@ def find_search_error(args: Args) -> str | None:
     return None
 
 
-def open_storage(storage: str) -> optuna.storages.RDBStorage:
-    """The study's storage. A trial whose worker stops beating for 5 minutes (a killed process) is
-    marked failed, and retried once with the same parameters."""
-    url = storage if "://" in storage else "sqlite:///" + os.path.abspath(storage)
+def fail(message: str):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def database_url(storage: str) -> sqlalchemy.URL:
+    """--storage as an SQLAlchemy URL: a path is an SQLite file; postgresql:// means the pinned
+    driver, psycopg 3 (SQLAlchemy's own default for it is psycopg2)."""
     if "://" not in storage:
-        os.makedirs(os.path.dirname(os.path.abspath(storage)), exist_ok=True)
-    # SQLite: two workers on one file wait for each other's writes rather than fail.
-    engine_kwargs = {"connect_args": {"timeout": 60}} if url.startswith("sqlite") else {}
+        return sqlalchemy.engine.make_url("sqlite:///" + os.path.abspath(storage))
+    url = sqlalchemy.engine.make_url(storage)
+    return url.set(drivername="postgresql+psycopg") if url.drivername == "postgresql" else url
+
+
+def shown(storage: str) -> str:
+    """--storage as messages show it: a URL without its password."""
+    if "://" not in storage:
+        return storage
+    return sqlalchemy.engine.make_url(storage).render_as_string(hide_password=True)
+
+
+def open_storage(args: Args) -> optuna.storages.BaseStorage:
+    """The study's storage, or one error line and exit 2 if it cannot be reached. In a database, a
+    trial whose worker stops beating (a killed process) is failed and retried once with the same
+    parameters; a journal file has no heartbeat (Optuna 5.0)."""
+    if args.storage.endswith(".journal"):
+        os.makedirs(os.path.dirname(os.path.abspath(args.storage)), exist_ok=True)
+        backend = optuna.storages.journal.JournalFileBackend(args.storage)
+        return optuna.storages.JournalStorage(backend)
+    url = database_url(args.storage)
+    if url.get_backend_name() == "sqlite":
+        os.makedirs(os.path.dirname(url.database), exist_ok=True)
+        # Two processes on one file wait for each other's writes rather than fail.
+        first_connect_args = connect_args = {"timeout": 60}
+    elif url.get_backend_name() in ("postgresql", "mysql"):
+        # A host that drops packets fails the first connection in seconds, not after the system's
+        # TCP timeout; the search's later connections may take longer.
+        first_connect_args, connect_args = {"connect_timeout": 3}, {"connect_timeout": 30}
+    else:
+        first_connect_args = connect_args = {}
+    try:
+        with sqlalchemy.create_engine(url, connect_args=first_connect_args).connect():
+            pass
+    except ImportError as e:  # a driver SQLAlchemy knows but this Python lacks
+        fail(f"--storage {shown(args.storage)}: its driver is not installed ({e}); "
+             "postgresql:// uses psycopg, from requirements.txt")
+    except sqlalchemy.exc.NoSuchModuleError as e:
+        fail(f"--storage {shown(args.storage)}: {e}")
+    except sqlalchemy.exc.DBAPIError as e:
+        reason = " ".join(str(e.orig).split())  # the driver's message, on one line
+        fail(f"--storage {shown(args.storage)}: cannot connect: {reason}")
     for attempt in range(5):
         try:
             return optuna.storages.RDBStorage(
-                url, engine_kwargs=engine_kwargs, heartbeat_interval=60, grace_period=300,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1))
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):
-            # Workers that start together on a new database race to create its tables, and the losers
-            # fail on a table or on the schema's version row that another made; once the schema
-            # exists, opening the storage just reads it.
+                url.render_as_string(hide_password=False),
+                engine_kwargs={"connect_args": connect_args},
+                heartbeat_interval=args.heartbeat_interval,
+                grace_period=5 * args.heartbeat_interval,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(
+                    max_retry=1))
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError,
+                sqlalchemy.exc.ProgrammingError):
+            # Workers that start together on a new database race to create its tables, and the
+            # losers fail on a table or on the schema's version row that another made; once the
+            # schema exists, opening the storage just reads it.
             if attempt == 4:
                 raise
             time.sleep(1.0)
 
 
+def study_settings(args: Args) -> dict:
+    """What makes one study's trials comparable: the space searched, every other setting a trial
+    trains with, the harness's seeds and chunks. Its first worker stores them; the others must
+    match."""
+    space = searched(args)
+    run_only = {"exp_name", "seed", "diagnostics", "eval_episodes", "num_devices", "jax_cache_dir",
+                "save_model", "load_model", "batch_size", "minibatch_size", "num_iterations"}
+    shaped = set(space) | ({"hidden_sizes"} if set(WIDTHS) <= set(space) else set())
+    settings = {
+        "searched": {name: optuna.distributions.distribution_to_json(dist)
+                     for name, dist in space.items()},
+        "ppo": {name: value for name, value in dataclasses.asdict(args.ppo).items()
+                if name not in run_only | shaped},
+        **{name: getattr(args, name) for name in ("num_seeds", "first_seed", "eval_episodes",
+                                                  "num_chunks", "prune_from_chunk")},
+    }
+    return json.loads(json.dumps(settings))  # as the storage gives it back (tuples as lists)
+
+
+def differences(stored: dict, ours: dict, prefix: str = "") -> list[str]:
+    """The settings that differ, as `name: value there, value here`."""
+    found = []
+    for name in sorted(set(stored) | set(ours)):
+        there, here = stored.get(name, "unset"), ours.get(name, "unset")
+        if isinstance(there, dict) and isinstance(here, dict):
+            found += differences(there, here, f"{prefix}{name}.")
+        elif there != here:
+            found.append(f"{prefix}{name}: {there} there, {here} here")
+    return found
+
+
+def open_study(args: Args, storage: optuna.storages.BaseStorage) -> optuna.Study:
+    """Makes the study, or joins it if another worker made it. Its maker enqueues the defaults as
+    the first trial and then stores the settings; the others wait for those, then check them."""
+    # n_warmup_steps=0: when the pruner may act is --prune-from-chunk's to say, in the objective.
+    pruner = optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0)
+    settings = study_settings(args)
+    where = f"study {args.study_name!r} in {shown(args.storage)}"
+    try:
+        study = optuna.create_study(study_name=args.study_name, storage=storage,
+                                    direction="maximize", pruner=pruner)
+    except optuna.exceptions.DuplicatedStudyError:
+        study = optuna.load_study(study_name=args.study_name, storage=storage, pruner=pruner)
+    else:
+        study.enqueue_trial(default_params(args))
+        # Last, and in one write: the other workers wait for it.
+        command = "python benchmarks/search.py " + " ".join(sys.argv[1:])
+        command = command.replace(args.storage, shown(args.storage))  # no password in a report
+        study.set_user_attr("search", {"settings": settings, "sampler_seed": args.sampler_seed,
+                                       "command": command})
+        return study
+    if study.directions != [optuna.study.StudyDirection.MAXIMIZE]:
+        fail(f"{where} has direction {', '.join(d.name.lower() for d in study.directions)}, "
+             "not maximize; choose another --study-name")
+    deadline = time.time() + 10
+    while "search" not in study.user_attrs:
+        if time.time() > deadline:
+            fail(f"{where} holds no search settings (made by another program, or its maker stopped "
+                 "while making it); choose another --study-name")
+        time.sleep(0.2)
+    differ = differences(study.user_attrs["search"]["settings"], settings)
+    if differ:
+        fail(f"{where} was made with other settings ({'; '.join(differ[:3])}); choose another "
+             "--study-name or its settings")
+    return study
+
+
 def suggest(trial: optuna.Trial, name: str, dist) -> object:
-    """trial.suggest_* for one declared distribution (Optuna suggests by type, not from a distribution)."""
+    """trial.suggest_* for one declared distribution (Optuna suggests by type, not from a
+    distribution)."""
     if isinstance(dist, FloatDistribution):
         return trial.suggest_float(name, dist.low, dist.high, log=dist.log)
     if isinstance(dist, IntDistribution):
@@ -147,7 +272,8 @@ def suggest(trial: optuna.Trial, name: str, dist) -> object:
 
 def to_ppo_args(params: dict, base: ppo_breakout.Args) -> ppo_breakout.Args:
     """The script's settings for a trial's parameters: `base` with the searched fields replaced. A
-    searched width makes the torso two layers, the other width taken from base's first or last layer."""
+    searched width makes the torso two layers, the other width taken from base's first or last
+    layer."""
     fields = {k: v for k, v in params.items() if k not in WIDTHS}
     if any(w in params for w in WIDTHS):
         fields["hidden_sizes"] = (params.get("width_1", base.hidden_sizes[0]),
@@ -172,7 +298,8 @@ def default_params(args: Args) -> dict:
 def ppo_flags(params: dict) -> str:
     """A trial's parameters as the harness's command-line flags (floats to 4 significant digits)."""
     cfg = to_ppo_args(params, ppo_breakout.Args())
-    names = [k for k in params if k not in WIDTHS] + (["hidden_sizes"] if set(WIDTHS) & set(params) else [])
+    names = [k for k in params if k not in WIDTHS]
+    names += ["hidden_sizes"] if set(WIDTHS) & set(params) else []
     flags = []
     for name in names:
         value, flag = getattr(cfg, name), name.replace("_", "-")
@@ -181,8 +308,11 @@ def ppo_flags(params: dict) -> str:
         elif isinstance(value, tuple):
             flags.append(f"--ppo.{flag} {' '.join(map(str, value))}")
         else:
-            flags.append(f"--ppo.{flag} {value:.4g}" if isinstance(value, float) else f"--ppo.{flag} {value}")
+            flags.append(f"--ppo.{flag} {value:.4g}" if isinstance(value, float)
+                         else f"--ppo.{flag} {value}")
     return " ".join(flags)
+
+
 
 
 def objective(trial: optuna.Trial, args: Args) -> float:
@@ -194,6 +324,7 @@ def objective(trial: optuna.Trial, args: Args) -> float:
     ppo_breakout.fill_runtime_fields(cfg)
     seeds = list(range(args.first_seed, args.first_seed + args.num_seeds))
     trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
+    trial.set_user_attr("machine", tune.machine())
     trial.set_user_attr("seeds", seeds)
     start = time.time()
     curve = {"return_sums": [], "episodes": []}  # [chunk][seed], as far as the trial got
@@ -205,10 +336,12 @@ def objective(trial: optuna.Trial, args: Args) -> float:
         curve["episodes"].append(episodes.tolist())
         trial.set_user_attr("curve", curve)
         trial.report(value, chunk)
-        print(f"trial {trial.number:>3} | chunk {chunk + 1:>2}/{num_chunks} | {time.time() - start:6.1f} s | "
-              f"training return {value:5.1f}", file=sys.stderr, flush=True)
+        print(f"trial {trial.number:>3} | chunk {chunk + 1:>2}/{num_chunks} | "
+              f"{time.time() - start:6.1f} s | training return {value:5.1f}", file=sys.stderr,
+              flush=True)
         if chunk + 1 >= args.prune_from_chunk and trial.should_prune():
-            print(f"trial {trial.number:>3} pruned after chunk {chunk + 1}", file=sys.stderr, flush=True)
+            print(f"trial {trial.number:>3} pruned after chunk {chunk + 1}", file=sys.stderr,
+                  flush=True)
             raise optuna.TrialPruned()
 
     result = tune.train_seeds(cfg, seeds, args.eval_episodes, args.num_chunks, on_chunk=on_chunk)
@@ -216,43 +349,136 @@ def objective(trial: optuna.Trial, args: Args) -> float:
     trial.set_user_attr("eval_returns", [float(r) for r in result.eval_returns])
     trial.set_user_attr("train_seconds", result.train_seconds)
     iqm = summary["iqm"]
-    print(f"trial {trial.number:>3} finished: IQM {iqm['value']:.2f} [{iqm['ci'][0]:.2f}, {iqm['ci'][1]:.2f}] "
-          f"in {time.time() - start:.0f} s | {ppo_flags(params)}", file=sys.stderr, flush=True)
+    print(f"trial {trial.number:>3} finished: IQM {iqm['value']:.2f} "
+          f"[{iqm['ci'][0]:.2f}, {iqm['ci'][1]:.2f}] in {time.time() - start:.0f} s | "
+          f"{ppo_flags(params)}", file=sys.stderr, flush=True)
     return iqm["value"]
+
+
+# ---- Workers that share one study ----
+
+# Trials that hold a place in the --n-trials budget: all but the failed ones.
+HOLDING = (TrialState.WAITING, TrialState.RUNNING, TrialState.COMPLETE, TrialState.PRUNED)
+
+
+class PastBudget(Exception):
+    """A trial made after the budget was taken: it fails without running."""
+
+
+class WorkerSampler(optuna.samplers.BaseSampler):
+    """Multivariate TPE, seeded when this worker's first trial is made: --sampler-seed plus the
+    number of trials up to it. Optuna's hooks tell a trial's number before anything is drawn."""
+
+    def __init__(self, seed: int | None):
+        self.seed, self.tpe = seed, None
+
+    def before_trial(self, study, trial):
+        if self.tpe is None:
+            seed = None if self.seed is None else self.seed + trial.number + 1
+            self.tpe = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10)
+        self.tpe.before_trial(study, trial)
+
+    def infer_relative_search_space(self, study, trial):
+        return self.tpe.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study, trial, search_space):
+        return self.tpe.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        return self.tpe.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study, trial, state, values):
+        self.tpe.after_trial(study, trial, state, values)
+
+
+def within_budget(trial: optuna.Trial, n_trials: int) -> bool:
+    """Whether fewer than n_trials trials numbered below this one hold a place in the budget.
+    Optuna numbers a study's trials one at a time (under a lock on the study), so all of those are
+    visible now; counting finished trials only would let workers that start at once overshoot."""
+    holding = trial.study.get_trials(deepcopy=False, states=HOLDING)
+    return sum(t.number < trial.number for t in holding) < n_trials
+
+
+def budgeted_objective(trial: optuna.Trial, args: Args) -> float:
+    if not within_budget(trial, args.n_trials):
+        trial.set_user_attr("past_budget", True)
+        print(f"trial {trial.number:>3} not run: {args.n_trials} trials hold the budget",
+              file=sys.stderr, flush=True)
+        raise PastBudget()
+    return objective(trial, args)
+
+
+def run_worker(study: optuna.Study, args: Args, heartbeat: bool) -> None:
+    """Runs trials until the study holds --n-trials finished ones. With heartbeats a worker stays
+    while others' trials run: one whose worker dies goes stale, and a waiting worker retries it;
+    and every worker ends on the same study, so each exports the same report."""
+    study.sampler = WorkerSampler(args.sampler_seed)
+    waiting = False
+    while True:
+        if heartbeat:
+            optuna.storages.fail_stale_trials(study)  # a retry comes back as a waiting trial
+        trials = study.get_trials(deepcopy=False)
+        holding = [t for t in trials if t.state in HOLDING]
+        if len(holding) < args.n_trials or any(t.state == TrialState.WAITING for t in trials):
+            study.optimize(functools.partial(budgeted_objective, args=args), n_trials=1,
+                           catch=(PastBudget,))
+        elif heartbeat and any(t.state == TrialState.RUNNING for t in trials):
+            if not waiting:
+                print("the budget is taken: waiting for the other workers' running trials",
+                      file=sys.stderr, flush=True)
+            waiting = True
+            time.sleep(args.heartbeat_interval)
+        else:
+            return
 
 
 def finished(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
 
 
-def report(study: optuna.Study, args: Args) -> dict:
+def report(study: optuna.Study) -> dict:
     """The study as JSON: its space and settings, every trial, the best five with bootstrap
-    intervals, and the parameter importances over the completed trials."""
-    complete = sorted(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)),
-                      key=lambda t: -t.value)
-    best = [{"number": t.number, "params": t.params, "flags": ppo_flags(t.params), "seeds": t.user_attrs["seeds"],
+    intervals, and the parameter importances over the completed trials. Read from the study alone,
+    so any worker exports the same."""
+    made = study.user_attrs["search"]
+    settings, ppo = made["settings"], made["settings"]["ppo"]
+    # Trials past the budget never ran: they are the workers' bookkeeping, not the search's.
+    trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("past_budget")]
+    complete = sorted((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: -t.value)
+    best = [{"number": t.number, "params": t.params, "flags": ppo_flags(t.params),
+             "seeds": t.user_attrs["seeds"],
              "summary": stats.summarize(t.user_attrs["eval_returns"])} for t in complete[:5]]
     # PED-ANOVA (Watanabe et al. 2023): which parameters set the top 10% of trials apart. Optuna's
     # default, fANOVA, needs scikit-learn, which this project does not install.
-    importances = (optuna.importance.get_param_importances(
-        study, evaluator=optuna.importance.PedAnovaImportanceEvaluator()) if len(complete) >= 2 else {})
+    importances = {}
+    if len(complete) >= 2:
+        importances = optuna.importance.get_param_importances(
+            study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
+    machines = sorted({t.user_attrs["machine"] for t in trials if "machine" in t.user_attrs})
     return {
         "study_name": study.study_name,
-        "command": "python benchmarks/search.py " + " ".join(sys.argv[1:]),
-        "search_space": {name: optuna.distributions.distribution_to_json(dist) for name, dist in SEARCH_SPACE.items()},
-        "fixed": {name: getattr(args.ppo, name) for name in args.fixed},
-        "settings": {"num_seeds": args.num_seeds, "first_seed": args.first_seed, "num_chunks": args.num_chunks,
-                     "prune_from_chunk": args.prune_from_chunk, "total_timesteps": args.ppo.total_timesteps,
-                     "eval_episodes": args.eval_episodes, "sampler": "TPE", "sampler_seed": args.sampler_seed,
-                     "pruner": "median", "machine": tune.machine()},
+        "command": made["command"],
+        "search_space": {name: optuna.distributions.distribution_to_json(dist)
+                         for name, dist in SEARCH_SPACE.items()},
+        "fixed": {name: ppo[name] for name in [*SEARCH_SPACE, "hidden_sizes"] if name in ppo},
+        "settings": {**{name: settings[name] for name in ("num_seeds", "first_seed", "num_chunks",
+                                                          "prune_from_chunk")},
+                     "total_timesteps": ppo["total_timesteps"],
+                     "eval_episodes": settings["eval_episodes"],
+                     "sampler": "TPE", "sampler_seed": made["sampler_seed"], "pruner": "median",
+                     "machine": "; ".join(machines)},
         "trials": [{"number": t.number, "state": t.state.name, "value": t.value, "params": t.params,
-                    "intermediate_values": {str(k): v for k, v in sorted(t.intermediate_values.items())},
-                    "eval_returns": t.user_attrs.get("eval_returns"), "curve": t.user_attrs.get("curve"),
+                    "intermediate_values": {str(k): v
+                                            for k, v in sorted(t.intermediate_values.items())},
+                    "eval_returns": t.user_attrs.get("eval_returns"),
+                    "curve": t.user_attrs.get("curve"),
                     "seconds": (t.datetime_complete - t.datetime_start).total_seconds()
                     if t.datetime_complete and t.datetime_start else None,
-                    "worker": t.user_attrs.get("worker")} for t in study.get_trials(deepcopy=False)],
+                    "worker": t.user_attrs.get("worker")} for t in trials],
         "best": best,
-        "importances": {"evaluator": "PedAnovaImportanceEvaluator", "values": dict(importances)},
+        # Ties in name order: Optuna leaves them in set order, which differs between processes.
+        "importances": {"evaluator": "PedAnovaImportanceEvaluator", "values": dict(
+            sorted(importances.items(), key=lambda name_value: (-name_value[1], name_value[0])))},
     }
 
 
@@ -260,31 +486,19 @@ def main() -> None:
     args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
     error = ppo_breakout.check_args(args.ppo) or find_search_error(args)
     if error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+        fail(error)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # this script prints its own progress lines
+    storage = open_storage(args)
+    study = open_study(args, storage)
     if args.ppo.jax_cache_dir:
-        tune.jax.config.update("jax_compilation_cache_dir", os.path.expanduser(args.ppo.jax_cache_dir))
-    optuna.logging.set_verbosity(optuna.logging.WARNING)  # this script prints its own progress lines
-    storage = open_storage(args.storage)
-    # n_warmup_steps=0: when the pruner may act is --prune-from-chunk's to say, in the objective.
-    pruner = optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0)
-    try:
-        study = optuna.create_study(study_name=args.study_name, storage=storage, direction="maximize", pruner=pruner)
-        study.enqueue_trial(default_params(args))  # by the one worker that made the study: the defaults first
-    except optuna.exceptions.DuplicatedStudyError:
-        study = optuna.load_study(study_name=args.study_name, storage=storage, pruner=pruner)
-    seed = None if args.sampler_seed is None else args.sampler_seed + len(study.get_trials(deepcopy=False))
-    study.sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, n_startup_trials=10)
-    remaining = args.n_trials - len(finished(study))
-    print(f"study {args.study_name!r}: {len(finished(study))} of {args.n_trials} trials finished", file=sys.stderr)
-    if remaining > 0:
-        study.optimize(
-            functools.partial(objective, args=args), n_trials=remaining,
-            # Other workers may finish trials meanwhile: stop once the study as a whole has enough.
-            callbacks=[optuna.study.MaxTrialsCallback(args.n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED))])
+        cache_dir = os.path.expanduser(args.ppo.jax_cache_dir)
+        tune.jax.config.update("jax_compilation_cache_dir", cache_dir)
+    print(f"study {args.study_name!r}: {len(finished(study))} of {args.n_trials} trials finished",
+          file=sys.stderr)
+    run_worker(study, args, heartbeat=isinstance(storage, optuna.storages.RDBStorage))
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(report(study, args), f, indent=1)
+            json.dump(report(study), f, indent=1)
             f.write("\n")
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if complete:

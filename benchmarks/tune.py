@@ -11,6 +11,10 @@ with 95% bootstrap intervals, the share of seeds past the first wall (return >= 
 learning curve with a band, and with --baseline the comparison against an earlier result on the same
 seeds (differences with intervals, probability of improvement). See benchmarks/stats.py.
 
+With --checkpoint-dir, the training state is written there after every chunk; a run killed midway
+resumes from its last chunk when the same command runs again, and ends with the same result, bit for
+bit, as a run never interrupted.
+
 Seed k here is not `ppo_breakout.py --seed k`: the script splits one seed's environments over the
 devices and folds the device index into its keys. Docs: docs/tuning.md.
 
@@ -43,6 +47,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import ppo_breakout  # noqa: E402
 from benchmarks import stats  # noqa: E402
+from utils import checkpoint  # noqa: E402
 from utils.evaluation import PROTOCOLS, SAFETY_BOUND, evaluate, protocol_params  # noqa: E402
 
 
@@ -70,6 +75,10 @@ class Args:
     stability: bool = False
     """also record, per seed over all of training, what loss_stability.py is about: the largest logit
     gap, the log-ratio's range, and whether any loss, gradient norm or parameter went non-finite"""
+    checkpoint_dir: str = ""
+    """write the training state to this directory after every chunk; the same command run again
+    continues from it (--out, --baseline, --quiet and --num-devices may change; another device count
+    keeps the returns, while --stability's extremes may differ in their last digits)"""
 
 
 class SeedsResult(NamedTuple):
@@ -110,14 +119,85 @@ def find_harness_error(args: Args) -> str | None:
     return None
 
 
+# --------------------------------------------------------------------------------------------------
+# Checkpoints: a killed many-seed run resumes from its last chunk
+# --------------------------------------------------------------------------------------------------
+CHECKPOINT = "tune_checkpoint.safetensors"
+# The PPO arguments the harness does not use (--stability sets the diagnostics).
+NOT_USED = ("seed", "num_devices", "jax_cache_dir", "diagnostics", "eval_episodes", "exp_name",
+            "save_model", "load_model", "checkpoint_every", "resume")
+
+
+def checkpoint_identity(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int,
+                        num_chunks: int, stability: bool) -> dict:
+    """What a checkpoint must match to be resumed: the code and every argument that changes a result
+    (not the device count: a seed's result does not depend on it)."""
+    code = checkpoint.source_digest(__file__, ppo_breakout.__file__, *(
+        os.path.join(ROOT, "utils", name) for name in ("evaluation.py", "diagnostics.py")))
+    ppo = {k: v for k, v in vars(cfg).items() if k not in NOT_USED}
+    return {"format": "tune checkpoint 1", "code": code, "ppo": ppo, "seeds": seeds,
+            "eval_episodes": eval_episodes, "num_chunks": num_chunks, "stability": stability}
+
+
+def read_checkpoint(path: str, identity: dict) -> tuple[dict, dict] | None:
+    """(tensors, header) of the checkpoint at `path` if it is one of this run, None if there is
+    none, else ValueError saying why it cannot be resumed."""
+    if not os.path.exists(path):
+        return None
+    tensors, header = checkpoint.read_safetensors(path, "--checkpoint-dir")
+    if header.get("format") != json.dumps(identity["format"]):
+        raise ValueError(f"{path} is not a checkpoint of this harness")
+    for name, value in identity.items():
+        saved, value = checkpoint.header_value(path, header, name), json.loads(json.dumps(value))
+        if name == "ppo" and saved != value:  # name the first PPO argument that differs
+            name = next(k for k in sorted(saved | value) if saved.get(k) != value.get(k))
+            saved, value, name = saved.get(name), value.get(name), f"ppo.{name}"
+        if saved != value:
+            reason = ("was written by another version of the code" if name == "code" else
+                      f"is of a run with --{name.replace('_', '-')} {saved}, not {value}")
+            raise ValueError(f"{path} {reason}; give another --checkpoint-dir or remove it")
+    return tensors, header
+
+
+def save_chunks(path: str, identity: dict, runners: ppo_breakout.RunnerState, num_seeds: int,
+                return_sums: list, episodes: list, extremes: list, train_seconds: float) -> None:
+    """Writes the seeds' runners (the padding left out) and the chunks' results so far to `path`."""
+    results = {"return_sums": np.stack(return_sums), "episodes": np.stack(episodes),
+               "extremes": [np.stack(column) for column in zip(*extremes)]}  # --stability's, apart
+    header = {name: json.dumps(value) for name, value in identity.items()}
+    header["chunks_done"] = json.dumps(len(return_sums))
+    header["train_seconds"] = json.dumps(train_seconds)
+    checkpoint.write_atomically(path, checkpoint.state_bytes(
+        {"runners": jax.tree.map(lambda x: x[:num_seeds], runners), "results": results}, header))
+
+
+def restore_chunks(path: str, tensors: dict, header: dict, runners: ppo_breakout.RunnerState,
+                   num_seeds: int, stability: bool) -> tuple:
+    """What save_chunks wrote: the seeds' runners, the per-chunk return_sums, episodes and
+    extremes, and the training seconds. `runners` gives the runners' structure."""
+    done = checkpoint.header_value(path, header, "chunks_done")
+    per_chunk = lambda dtype: np.zeros((done, num_seeds), dtype)  # noqa: E731
+    results = checkpoint.restore(path, tensors, header, "results", {
+        "return_sums": per_chunk(np.float32), "episodes": per_chunk(np.int32),
+        "extremes": [per_chunk(np.float32)] * 3 + [per_chunk(bool)] if stability else []})
+    seeds_only = jax.tree.map(lambda x: jax.ShapeDtypeStruct((num_seeds, *x.shape[1:]), x.dtype),
+                              runners)
+    extremes = [list(chunk) for chunk in zip(*results["extremes"])] or [[] for _ in range(done)]
+    return (checkpoint.restore(path, tensors, header, "runners", seeds_only),
+            list(results["return_sums"]), list(results["episodes"]), extremes,
+            checkpoint.header_value(path, header, "train_seconds"))
+
+
 def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, num_chunks: int,
                 num_devices: int = 0,
                 on_chunk: Callable[[int, int, int, np.ndarray, np.ndarray], None] | None = None,
-                stability: bool = False) -> SeedsResult:
+                stability: bool = False, checkpoint_path: str = "") -> SeedsResult:
     """Trains and evaluates `cfg` for each seed. `cfg` must have its runtime fields filled.
 
     After each chunk, on_chunk(chunk, num_chunks, steps_per_seed, return_sums, episodes) gets that
-    chunk's per-seed sums; an exception it raises (a pruned trial) stops training there.
+    chunk's per-seed sums; an exception it raises (a pruned trial) stops training there. With a
+    `checkpoint_path`, the state is written there after each chunk, and training continues from
+    what is there (see read_checkpoint).
     """
     cfg = copy.copy(cfg)
     cfg.diagnostics = stability  # the logit gap and the log-ratio's range come with the diagnostics
@@ -192,16 +272,31 @@ def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, nu
         (runners.train_state.params, eval_keys)).compile()
     compile_seconds = time.time() - compile_start
 
-    train_start = time.time()
-    return_sums, episodes, chunk_steps, extremes = [], [], [], []
-    for chunk, count in enumerate(iteration_counts):
-        runners, chunk_return_sums, chunk_episodes, chunk_extremes = train(runners, jnp.int32(count))
+    chunk_steps = [sum(iteration_counts[:chunk + 1]) * cfg.batch_size
+                   for chunk in range(len(iteration_counts))]
+    identity = checkpoint_identity(cfg, seeds, eval_episodes, num_chunks, stability)
+    saved = read_checkpoint(checkpoint_path, identity) if checkpoint_path else None
+    return_sums, episodes, extremes, train_seconds = [], [], [], 0.0
+    if saved is not None:  # a padding seed repeats the last one at every chunk: padded again here
+        seed_runners, return_sums, episodes, extremes, train_seconds = restore_chunks(
+            checkpoint_path, *saved, runners, len(seeds), stability)
+        pad = len(padded) - len(seeds)
+        runners = jax.tree.map(lambda x: jnp.concatenate([x, *[x[-1:]] * pad]), seed_runners)
+        runners = jax.device_put(runners, seed_sharding)
+
+    train_start = time.time() - train_seconds
+    for chunk in range(len(return_sums), len(iteration_counts)):
+        runners, chunk_return_sums, chunk_episodes, chunk_extremes = train(
+            runners, jnp.int32(iteration_counts[chunk]))
         extremes.append([np.asarray(x)[:len(seeds)] for x in chunk_extremes])
         return_sums.append(np.asarray(chunk_return_sums)[:len(seeds)])
         episodes.append(np.asarray(chunk_episodes)[:len(seeds)])
-        chunk_steps.append(sum(iteration_counts[:chunk + 1]) * cfg.batch_size)
+        if checkpoint_path:  # before the next chunk takes over the runners' memory (donated)
+            save_chunks(checkpoint_path, identity, runners, len(seeds), return_sums, episodes,
+                        extremes, time.time() - train_start)
         if on_chunk is not None:
-            on_chunk(chunk, len(iteration_counts), chunk_steps[-1], return_sums[-1], episodes[-1])
+            on_chunk(chunk, len(iteration_counts), chunk_steps[chunk], return_sums[-1],
+                     episodes[-1])
     train_seconds = time.time() - train_start
 
     eval_start = time.time()
@@ -297,13 +392,24 @@ def main() -> None:
             baseline = json.load(f)
 
     seeds = list(range(args.first_seed, args.first_seed + args.num_seeds))
+    checkpoint_path = os.path.join(args.checkpoint_dir, CHECKPOINT) if args.checkpoint_dir else ""
+    if checkpoint_path:  # a checkpoint that cannot be resumed stops the run before it starts
+        try:
+            if os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
+                raise ValueError(f"--checkpoint-dir {args.checkpoint_dir} is not a directory")
+            read_checkpoint(checkpoint_path, checkpoint_identity(
+                cfg, seeds, args.eval_episodes, args.num_chunks, args.stability))
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            sys.exit(2)
+        os.makedirs(args.checkpoint_dir, exist_ok=True)
     progress = None if args.quiet else functools.partial(
         print_progress, start=wall_start, total_steps=cfg.num_iterations * cfg.batch_size)
     if not args.quiet:
         print(f"{cfg.env_id}: {len(seeds)} seeds x {cfg.num_iterations} iterations of {cfg.batch_size} steps",
               file=sys.stderr, flush=True)
     result = train_seeds(cfg, seeds, args.eval_episodes, args.num_chunks, args.num_devices, on_chunk=progress,
-                         stability=args.stability)
+                         stability=args.stability, checkpoint_path=checkpoint_path)
     command = shlex.join(["python", "benchmarks/tune.py", *sys.argv[1:]])
     out = result_json(cfg, seeds, result, args.eval_episodes, command, time.time() - wall_start, baseline)
     text = json.dumps(out, indent=1)

@@ -1,22 +1,29 @@
-"""benchmarks/search.py: a study of tiny trials that resumes, two workers sharing one storage, pruning from
-the chunk curve, and bad input stopped before any storage is made."""
+"""benchmarks/search.py: a study of tiny trials that resumes, two processes sharing a journal file,
+pruning from the chunk curve, bad input stopped before any storage is made, and workers sharing a
+study on a real PostgreSQL server (tests/postgres_server.py starts one): the exact budget, a seed
+per worker, the defaults once, a killed worker's trial retried, and bad database URLs."""
 
 import dataclasses
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
+import postgres_server
 from benchmarks import search
 
-SEARCH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "search.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SEARCH = os.path.join(ROOT, "benchmarks", "search.py")
+FIXED = ("num_envs", "num_steps", "update_epochs", "hidden_sizes")
 # Tiny trials: the rollout shape, epochs and widths held; the rest of the space is searched.
 TINY = ["--ppo.total-timesteps", "4096", "--ppo.num-envs", "16", "--ppo.num-steps", "128",
-        "--ppo.update-epochs", "1", "--fixed", "num_envs", "num_steps", "update_epochs", "hidden_sizes",
+        "--ppo.update-epochs", "1", "--fixed", *FIXED,
         "--num-seeds", "2", "--num-chunks", "2", "--eval-episodes", "8"]
 
 
@@ -26,7 +33,8 @@ def cache_dir(tmp_path_factory):
 
 
 def search_command(storage, cache_dir, *flags):
-    return [sys.executable, SEARCH, *TINY, "--storage", str(storage), "--ppo.jax-cache-dir", cache_dir, *flags]
+    return [sys.executable, SEARCH, *TINY, "--storage", str(storage),
+            "--ppo.jax-cache-dir", cache_dir, *flags]
 
 
 def load(storage) -> optuna.Study:
@@ -35,22 +43,23 @@ def load(storage) -> optuna.Study:
 
 def test_search_runs_two_trials_and_resumes(tmp_path, cache_dir):
     storage = tmp_path / "study.db"
-    first = subprocess.run(search_command(storage, cache_dir, "--n-trials", "1", "--sampler-seed", "0"),
-                           capture_output=True, text=True, timeout=300)
+    first = subprocess.run(
+        search_command(storage, cache_dir, "--n-trials", "1", "--sampler-seed", "0"),
+        capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
     (trial,) = load(storage).trials
     assert trial.state == TrialState.COMPLETE
-    assert trial.params == search.default_params(search.Args(fixed=("num_envs", "num_steps", "update_epochs",
-                                                                     "hidden_sizes")))  # the defaults go first
+    assert trial.params == search.default_params(search.Args(fixed=FIXED))  # the defaults go first
 
-    second = subprocess.run(search_command(storage, cache_dir, "--n-trials", "2", "--sampler-seed", "0",
-                                           "--out", str(tmp_path / "report.json")),
-                            capture_output=True, text=True, timeout=300)
+    second = subprocess.run(
+        search_command(storage, cache_dir, "--n-trials", "2", "--sampler-seed", "0",
+                       "--out", str(tmp_path / "report.json")),
+        capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stderr
     assert "1 of 2 trials finished" in second.stderr
     trials = load(storage).trials
     assert [t.state for t in trials] == [TrialState.COMPLETE, TrialState.COMPLETE]
-    assert (trials[0].params, trials[0].value) == (trial.params, trial.value)  # resumed, not restarted
+    assert (trials[0].params, trials[0].value) == (trial.params, trial.value)  # resumed
     assert trials[1].params != trial.params
     assert sorted(trials[1].intermediate_values) == [0, 1]  # one point per chunk
 
@@ -61,53 +70,210 @@ def test_search_runs_two_trials_and_resumes(tmp_path, cache_dir):
     assert report["best"][0]["flags"].startswith("--ppo.")
 
 
-def test_two_workers_share_one_storage(tmp_path, cache_dir):
-    storage = tmp_path / "study.db"
-    workers = [subprocess.Popen(search_command(storage, cache_dir, "--n-trials", "2", "--sampler-seed", str(seed)),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for seed in (0, 1)]
+def test_two_processes_share_a_journal_file(tmp_path, cache_dir):
+    storage = tmp_path / "study.journal"
+    command = search_command(storage, cache_dir, "--n-trials", "2", "--sampler-seed", "0")
+    workers = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+               for _ in range(2)]
     for worker in workers:
         _, stderr = worker.communicate(timeout=300)
         assert worker.returncode == 0, stderr
-    trials = load(storage).trials
-    assert all(t.state == TrialState.COMPLETE for t in trials) and len(trials) >= 2
+    journal = optuna.storages.JournalStorage(
+        optuna.storages.journal.JournalFileBackend(str(storage)))
+    trials = search.finished(optuna.load_study(study_name="breakout-ppo", storage=journal))
+    assert all(t.state == TrialState.COMPLETE for t in trials) and len(trials) == 2
     assert len({t.user_attrs["worker"] for t in trials}) == 2  # both processes ran trials
-    assert len({tuple(sorted(t.params.items())) for t in trials}) == len(trials)  # none ran twice
+    assert trials[0].params != trials[1].params
 
 
 def test_a_trial_below_the_pruners_bar_stops_after_the_chunk_it_may_be_pruned_from(tmp_path):
-    args = search.Args(ppo=search.ppo_breakout.Args(total_timesteps=6144, num_envs=16, num_steps=128,
-                                                    update_epochs=1, jax_cache_dir=""),
-                       fixed=("num_envs", "num_steps", "update_epochs", "hidden_sizes"), num_seeds=2,
-                       eval_episodes=8, num_chunks=3, prune_from_chunk=2)
-    study = optuna.create_study(direction="maximize", pruner=optuna.pruners.ThresholdPruner(lower=1e9))
+    ppo = search.ppo_breakout.Args(total_timesteps=6144, num_envs=16, num_steps=128,
+                                   update_epochs=1, jax_cache_dir="")
+    args = search.Args(ppo=ppo, fixed=FIXED, num_seeds=2, eval_episodes=8, num_chunks=3,
+                       prune_from_chunk=2)
+    study = optuna.create_study(direction="maximize",
+                                pruner=optuna.pruners.ThresholdPruner(lower=1e9))
     study.enqueue_trial(search.default_params(args))
     study.optimize(lambda trial: search.objective(trial, args), n_trials=1)
     (trial,) = study.trials
     assert trial.state == TrialState.PRUNED
-    assert sorted(trial.intermediate_values) == [0, 1]  # chunk 1 may not be pruned; chunk 2 was; 3 never ran
+    # Chunk 1 may not be pruned; chunk 2 was; chunk 3 never ran.
+    assert sorted(trial.intermediate_values) == [0, 1]
     assert "eval_returns" not in trial.user_attrs
 
 
 def test_every_searched_parameter_is_a_field_of_the_script():
     fields = {f.name for f in dataclasses.fields(search.ppo_breakout.Args)}
     assert set(search.SEARCH_SPACE) - set(search.WIDTHS) <= fields
-    cfg = search.to_ppo_args({"width_1": 96, "width_2": 32, "gae_lambda": 0.8}, search.ppo_breakout.Args())
+    cfg = search.to_ppo_args({"width_1": 96, "width_2": 32, "gae_lambda": 0.8},
+                             search.ppo_breakout.Args())
     assert (cfg.hidden_sizes, cfg.gae_lambda) == ((96, 32), 0.8)
-    assert search.ppo_flags({"width_1": 96, "width_2": 32, "anneal_lr": False, "ent_coef": 0.012345}) == (
-        "--ppo.no-anneal-lr --ppo.ent-coef 0.01235 --ppo.hidden-sizes 96 32")
+    flags = search.ppo_flags({"width_1": 96, "width_2": 32, "anneal_lr": False,
+                              "ent_coef": 0.012345})
+    assert flags == "--ppo.no-anneal-lr --ppo.ent-coef 0.01235 --ppo.hidden-sizes 96 32"
 
 
 @pytest.mark.parametrize("flags, message", [
     (["--fixed", "num_envs", "warp_drive"], "error: --fixed warp_drive: not in the search space"),
     (["--ppo.clip-coef", "0"], "error: --clip-coef must be in (0, 1], got 0.0"),
     (["--storage", "{tmp}"], "error: --storage {tmp} is a directory, not a file"),
-    (["--storage", "sqlite://:bad:url"], "error: --storage sqlite://:bad:url is not a database URL"),
+    (["--storage", "sqlite://:bad:url"],
+     "error: --storage sqlite://:bad:url is not a database URL"),
 ])
 def test_bad_input_exits_2_with_one_line_and_makes_no_storage(tmp_path, flags, message):
     flags = [f.format(tmp=tmp_path) for f in flags]
-    result = subprocess.run([sys.executable, SEARCH, "--storage", str(tmp_path / "study.db"), *flags],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, SEARCH, "--storage", str(tmp_path / "study.db"), *flags],
+        capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(message.format(tmp=tmp_path))
     assert os.listdir(tmp_path) == []
+
+
+# ---- Workers on a PostgreSQL server ----
+
+@pytest.fixture(scope="module")
+def server():
+    """A real server for the tests below: they fail, never skip, where it cannot start."""
+    try:
+        with postgres_server.Server() as server:
+            yield server
+    except postgres_server.ServerError as e:
+        pytest.fail(f"the PostgreSQL server these tests need did not start: {e}")
+
+
+def test_three_workers_that_start_at_once_share_one_postgres_study_exactly(server, tmp_path,
+                                                                         cache_dir):
+    url = server.create_database("three")
+    workers = [subprocess.Popen(
+        search_command(url, cache_dir, "--n-trials", "6", "--sampler-seed", "0",
+                       "--heartbeat-interval", "1", "--out", str(tmp_path / f"{i}.json")),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
+    for worker in workers:
+        _, stderr = worker.communicate(timeout=400)
+        assert worker.returncode == 0, stderr
+    study = optuna.load_study(study_name="breakout-ppo", storage=url)
+    done = search.finished(study)
+    assert len(done) == 6  # not one more, though all three started at once
+    # The others were made past the budget, by workers that started a trial at the same moment.
+    assert all(t.state == TrialState.COMPLETE or t.user_attrs.get("past_budget")
+               for t in study.trials)
+    assert len({tuple(sorted(t.params.items())) for t in done}) == 6  # each worker draws its own
+    defaults = search.default_params(search.Args(fixed=FIXED))
+    enqueued = [t.params for t in study.trials if "fixed_params" in t.system_attrs]
+    assert enqueued == [defaults]  # by the one worker that made the study
+    assert sum(t.params == defaults for t in study.trials) == 1
+    reports = {(tmp_path / f"{i}.json").read_text() for i in range(3)}
+    assert len(reports) == 1  # every worker exports the same study
+    report = reports.pop()
+    assert [t["number"] for t in json.loads(report)["trials"]] == [t.number for t in done]
+    assert postgres_server.PASSWORD not in report  # the command it records shows ***
+
+
+def test_a_study_made_with_other_settings_or_direction_is_refused(server, cache_dir):
+    url = server.create_database("other")
+    optuna.create_study(study_name="minimizing", storage=url, direction="minimize")
+    made = subprocess.run(search_command(url, cache_dir, "--n-trials", "1"), capture_output=True,
+                          text=True, timeout=300)
+    assert made.returncode == 0, made.stderr
+    cases = [(["--study-name", "minimizing"], "has direction minimize, not maximize"),
+             (["--num-seeds", "3"], "was made with other settings (num_seeds: 2 there, 3 here)"),
+             (["--fixed", "num_envs", "num_steps", "update_epochs"],
+              "searched.width_1: unset there")]
+    for flags, message in cases:
+        start = time.time()
+        result = subprocess.run(search_command(url, cache_dir, "--n-trials", "2", *flags),
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 2, result.stderr
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith("error: study ") and message in line, line
+        assert time.time() - start < 10
+    assert len(optuna.load_study(study_name="breakout-ppo", storage=url).trials) == 1  # untouched
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # retried_trial_number
+def test_a_killed_workers_trial_is_finished_by_another(server, cache_dir):
+    url = server.create_database("killed")
+    # Eight chunks of one iteration: the first worker is killed between two of them.
+    command = search_command(url, cache_dir, "--n-trials", "2", "--heartbeat-interval", "1",
+                             "--ppo.total-timesteps", "16384", "--num-chunks", "8")
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    killed = None
+    while killed is None:
+        assert time.time() < deadline and first.poll() is None, "no chunk reported"
+        time.sleep(0.2)
+        try:
+            trials = optuna.load_study(study_name="breakout-ppo", storage=url).trials
+        except KeyError:  # the study is not made yet
+            continue
+        running = [t for t in trials if t.state == TrialState.RUNNING and t.intermediate_values]
+        killed = running[0] if running else None
+    first.kill()  # SIGKILL: its trial stays RUNNING until its heartbeat goes stale
+    first.wait()
+    study = optuna.load_study(study_name="breakout-ppo", storage=url)
+    assert study.trials[killed.number].state == TrialState.RUNNING
+
+    second = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    assert second.returncode == 0, second.stderr
+    study = optuna.load_study(study_name="breakout-ppo", storage=url)
+    assert study.trials[killed.number].state == TrialState.FAIL
+    retried = optuna.storages.RetryHeartbeatStaleTrialCallback.retried_trial_number
+    (retry,) = [t for t in study.trials if retried(t) == killed.number]
+    assert retry.state == TrialState.COMPLETE and retry.params == killed.params
+    assert retry.user_attrs["worker"] != killed.user_attrs["worker"]
+    assert len(search.finished(study)) == 2
+
+
+def test_a_trial_numbered_past_the_budget_does_not_run(server):
+    url = server.create_database("budget")
+    study = optuna.create_study(study_name="budget", storage=url, direction="maximize")
+    first, second, third = (study.ask() for _ in range(3))  # three workers start a trial at once
+    assert [search.within_budget(t, 2) for t in (first, second, third)] == [True, True, False]
+    study.tell(second, 1.0)  # a finished trial keeps its place; a failed one gives it back
+    study.tell(first, state=TrialState.FAIL)
+    assert search.within_budget(third, 2)
+
+
+def test_workers_given_the_same_sampler_seed_draw_apart(server):
+    url = server.create_database("seeds")
+    optuna.create_study(study_name="seeds", storage=url, direction="maximize")
+    workers = [optuna.load_study(study_name="seeds", storage=url, sampler=search.WorkerSampler(0))
+               for _ in range(2)]
+    draws = [[study.ask().suggest_float("x", 0, 1) for study in workers] for _ in range(2)]
+    assert len({x for pair in draws for x in pair}) == 4
+
+
+@pytest.fixture(scope="module")
+def silent_port():
+    """A port that takes connections and never answers: a host that drops packets, to a client."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)  # the kernel completes the handshakes; nothing reads
+        yield listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("url, message", [
+    ("postgresql+psycopg://postgres@127.0.0.1:{free}/search", "cannot connect: connection failed"),
+    ("postgresql://postgres@127.0.0.1:{silent}/search",
+     "cannot connect: connection timeout expired"),
+    ("postgresql://postgres:wrong-password@127.0.0.1:{port}/search",
+     "password authentication failed"),
+    ("postgresql://postgres:{password}@127.0.0.1:{port}/no_such_database",
+     'database "no_such_database" does not exist'),
+    ("postgresql+psycopg2://postgres:{password}@127.0.0.1:{port}/search",
+     "its driver is not installed"),
+    ("postgresql+nosuchdriver://postgres@127.0.0.1:{port}/search", "Can't load plugin"),
+])
+def test_a_bad_database_url_fails_fast_with_one_line(server, silent_port, url, message):
+    url = url.format(free=postgres_server.free_port(), silent=silent_port, port=server.port,
+                     password=postgres_server.PASSWORD)
+    start = time.time()
+    result = subprocess.run([sys.executable, SEARCH, "--storage", url], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: --storage postgresql") and message in line, line
+    assert postgres_server.PASSWORD not in line and "wrong-password" not in line  # shown as ***
+    assert time.time() - start < 10  # the silent host: a connect timeout, not the system's minutes

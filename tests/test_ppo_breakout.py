@@ -21,6 +21,7 @@ import numpy as np
 import optax
 import pytest
 import rlax
+import safetensors.numpy
 import tyro
 from jax.sharding import Mesh
 from PIL import Image, ImageSequence
@@ -804,6 +805,20 @@ def test_a_saved_model_evaluates_to_the_training_runs_own_evaluation(tiny_run, t
     assert "model" not in summary  # evaluating a model never writes another one
 
 
+def test_a_saved_model_brings_its_network_arguments_with_it(tmp_path):
+    # A model of another width, activation and game evaluates without its flags: the header gives them.
+    args = tyro.cli(ppo.Args, args=["--hidden-sizes", "16", "--activation", "relu", "--env-id", "Asterix-MinAtar"])
+    env, env_params = ppo.make_env(args.env_id, 0.0)
+    obs = jnp.zeros((1, *env.observation_space(env_params).shape))
+    params = ppo.make_network(env.num_actions, args.hidden_sizes, args.activation).init(jax.random.key(0), obs)
+    model = str(tmp_path / "asterix.safetensors")
+    checkpoint.save_model(model, params, network_args(args), {})
+    result = run_in_process(tmp_path, "--load-model", model, "--eval-episodes", "4", "--hidden-sizes", "16")
+    assert result.returncode == 0, result.stderr
+    saved = read_summary(only_run_dir(tmp_path))["args"]
+    assert (saved["env_id"], saved["hidden_sizes"], saved["activation"]) == ("Asterix-MinAtar", [16], "relu")
+
+
 def test_plot_curves_overlays_runs_and_never_overwrites(tiny_run, tmp_path):
     _, run_dir = tiny_run
     plot = os.path.join(os.path.dirname(SCRIPT), "benchmarks", "plot_curves.py")
@@ -887,9 +902,15 @@ def test_a_damaged_or_mismatched_model_is_refused_with_one_line(tiny_run, tmp_pa
              for name, path in damaged_copies(model, files).items()}
     cases["a NaN weight"] = (cases["a NaN weight"][0], "holds non-finite parameters")
     cases["missing"] = ([str(files / "nothing.safetensors")], "no such file")
-    cases["a directory"] = ([str(files)], "no such file")
+    cases["a directory"] = ([str(files)], f"--load-model {files} is a directory, not a file")
+    garbled = str(files / "garbled.safetensors")
+    tensors, header = checkpoint.read_safetensors(model, "--load-model")
+    safetensors.numpy.save_file(tensors, garbled, header | {"hidden_sizes": "[64,"})
+    cases["a garbled header"] = ([garbled], f"{garbled}: the header's hidden_sizes is not valid JSON ('[64,')")
+    # A flag given explicitly that contradicts the header (one the header agrees with is fine).
     cases["other widths"] = ([model, "--hidden-sizes", "64", "32"], "--hidden-sizes 64 64, not 64 32")
-    cases["other game"] = ([model, "--env-id", "Asterix-MinAtar"], "--env-id Breakout-MinAtar")
+    cases["other game"] = ([model, "--env-id", "Asterix-MinAtar", "--hidden-sizes", "64", "64"],
+                           "--env-id Breakout-MinAtar, not Asterix-MinAtar")
     for name, (flags, message) in cases.items():
         status, err = run_main(monkeypatch, capsys, tmp_path, "--load-model", *flags)
         assert status == 2, name

@@ -3,6 +3,7 @@ on their neighbours, and intervals that cover what they claim to."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -99,6 +100,43 @@ def test_a_seed_trains_the_same_beside_any_seeds_on_any_number_of_devices():
     np.testing.assert_array_equal(together.return_sums[1:2], alone.return_sums)
     np.testing.assert_array_equal(together.episodes[1:2], alone.episodes)
     assert not np.array_equal(together.return_sums[0], together.return_sums[1])  # the seeds do differ
+
+
+def test_a_killed_harness_run_resumes_from_its_last_chunk_bit_for_bit(tmp_path, cache_dir):
+    flags = ["--num-seeds", "3", "--num-chunks", "4", "--ppo.total-timesteps", "8192",
+             "--stability", "--ppo.jax-cache-dir", cache_dir]
+    whole = run_harness(tmp_path, *flags)
+    assert whole.returncode == 0, whole.stderr
+    command = [sys.executable, TUNE, *TINY, *flags, "--checkpoint-dir", "saved"]
+    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        for line in process.stderr:
+            if line.startswith("chunk  1/4"):  # the checkpoint of chunk 1 is on disk
+                break
+        process.send_signal(signal.SIGKILL)
+        process.communicate(timeout=60)
+    finally:
+        process.kill()
+    checkpoint_file = tmp_path / "saved" / tune.CHECKPOINT
+    saved = checkpoint_file.read_bytes()
+
+    # Another setting in the same directory is refused, and the checkpoint is left as it was.
+    other = run_harness(tmp_path, *flags, "--checkpoint-dir", "saved",
+                        "--ppo.learning-rate", "0.001")
+    assert other.returncode == 2 and other.stderr.strip().splitlines() == [
+        f"error: saved/{tune.CHECKPOINT} is of a run with --ppo.learning-rate 0.005, not 0.001; "
+        f"give another --checkpoint-dir or remove it"]
+    assert checkpoint_file.read_bytes() == saved
+
+    # The same command again resumes.
+    resumed = run_harness(tmp_path, *flags, "--checkpoint-dir", "saved")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "chunk  1/4" not in resumed.stderr and "chunk  4/4" in resumed.stderr
+    first, again = json.loads(whole.stdout), json.loads(resumed.stdout)
+    for key in ("seeds", "eval_returns", "curve", "summary", "pooled_curve", "changed_args",
+                "stability"):
+        assert again[key] == first[key], key
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 and stopping cleanly on Ctrl-C. None of it touches the algorithm."""
 
 import contextlib
+import dataclasses
 import io
 import itertools
 import os
@@ -18,9 +19,46 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def parse_args(args_type: type, check_args: Callable, description: str, argv: list[str] | None = None):
-    """The command line as `args_type`, or exit status 2 with one `error:` line: tyro's own parse errors
-    (condensed from its boxed message) and whatever `check_args(args)` returns instead of None."""
+def given_fields(args_type: type, argv: list[str]) -> set[str]:
+    """The fields of the dataclass `args_type` whose flag `argv` gives (--name, --name=value, or
+    --no-name for a bool; tyro takes --name_with_underscores too and no abbreviations)."""
+    flags = {token.split("=", 1)[0].replace("_", "-") for token in argv if token.startswith("--")}
+    return {field.name for field in dataclasses.fields(args_type)
+            if flag(field.name) in flags or "--no-" + flag(field.name)[2:] in flags}
+
+
+def show(value) -> str:
+    """A value as it is typed on the command line."""
+    return " ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def adopt(args, saved: dict, given: set[str], source: str,
+          may_change: tuple[str, ...] = ()) -> str | None:
+    """Sets each field of `args` named in `saved` to its saved (JSON) value, keeping the fields in
+    `may_change` that the command line gives; returns an error if it gives another one a different
+    value. `source` names what was saved ("runs/x was run with ...")."""
+    for name, value in saved.items():
+        if name in given and name in may_change:
+            continue
+        current = getattr(args, name)
+        if isinstance(value, list) and all(type(v) is int for v in value):  # JSON has no tuples
+            value = tuple(value)
+        if not (isinstance(value, type(current)) or type(current) is float and type(value) is int):
+            return f"{source} with {flag(name)} {value!r}, which is not a {type(current).__name__}"
+        if name in given and value != current:
+            return (f"{source} with {flag(name)} {show(value)}, not {show(current)} (leave the "
+                    f"flag out to use the saved value)")
+        setattr(args, name, value)
+    return None
+
+
+def parse_args(args_type: type, check_args: Callable, description: str,
+               argv: list[str] | None = None, take_saved: Callable | None = None):
+    """The command line as `args_type`, or exit status 2 with one `error:` line: tyro's own parse
+    errors (condensed from its boxed message) and whatever `check_args(args)` returns, if not None.
+    Before the check, `take_saved(args, given)` may fill `args` from a saved run (see `adopt`),
+    `given` being the fields the command line sets; it returns an error or None."""
+    argv = sys.argv[1:] if argv is None else argv
     messages = io.StringIO()
     try:
         with contextlib.redirect_stderr(messages):
@@ -33,7 +71,8 @@ def parse_args(args_type: type, check_args: Callable, description: str, argv: li
             message = itertools.takewhile(lambda line: line and not set(line) <= rule, body)
             print(f"error: {' '.join(message)}", file=sys.stderr)
         raise
-    error = check_args(args)
+    error = take_saved(args, given_fields(args_type, argv)) if take_saved else None
+    error = error or check_args(args)
     if error is not None:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

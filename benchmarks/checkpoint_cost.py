@@ -1,0 +1,127 @@
+"""What checkpoints cost training, measured side by side in one process.
+
+Whole runs with and without checkpoints differ by less than a busy machine's run-to-run noise. So
+this compiles ppo_breakout.py's update once and trains in blocks of --block iterations, alternating
+blocks that write a checkpoint every --checkpoint-every iterations with blocks that write none (the
+order flips every pair), each block timed whole: logging, checkpoints and the wait for the
+background writes included. Neighbouring blocks share the machine's state, so their ratio is what to
+read. It also times each checkpoint: the main thread's time in save_checkpoint, and the CPU time of
+the background write (serializing, closing the event file, writing and syncing), which on a machine
+with every core busy training is at most what that write takes from training.
+
+Run:  python benchmarks/checkpoint_cost.py --pairs 40 --out benchmarks/results/checkpoint_cost.json
+"""
+
+import contextlib
+import copy
+import dataclasses
+import functools
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import ppo_breakout as ppo  # noqa: E402  (sets the CPU device count before JAX starts)
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import tyro  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
+
+from benchmarks.results_table import cpu_name  # noqa: E402
+from utils import checkpoint, cli  # noqa: E402
+
+
+@dataclasses.dataclass
+class Args:
+    checkpoint_every: int = 5
+    """iterations between checkpoints in the blocks that write them"""
+    block: int = 10
+    """iterations per block"""
+    pairs: int = 40
+    """pairs of blocks (one with checkpoints, one without), after one warm-up pair"""
+    out: str = ""
+    """write the JSON here (it is printed either way)"""
+
+
+def main() -> None:
+    bench = tyro.cli(Args, description=__doc__.split("\n\n")[0])
+    error = next((f"{cli.flag(n)} must be positive, got {getattr(bench, n)}"
+                  for n in ("checkpoint_every", "block", "pairs") if getattr(bench, n) <= 0), None)
+    if error is None and bench.out and os.path.exists(bench.out):
+        error = f"--out {bench.out} exists; choose another name"
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    # The script's defaults on 2 devices, long enough for every block.
+    args = ppo.Args(num_devices=2, total_timesteps=8192 * bench.block * 2 * (bench.pairs + 1))
+    args = ppo.fill_runtime_fields(args)
+    args.checkpoint_every = bench.checkpoint_every
+    env, env_params = ppo.make_env(args.env_id, args.sticky_action_prob)
+    network = ppo.make_network(env.action_space(env_params).n, args.hidden_sizes, args.activation)
+    optimizer = ppo.make_optimizer(args)
+    mesh = Mesh(np.array(jax.devices()[:args.num_devices]), ("data",))
+    init = functools.partial(ppo.init_runner, env=env, env_params=env_params, network=network,
+                             optimizer=optimizer, num_envs=args.num_envs)
+    runner = jax.jit(init, out_shardings=ppo.make_runner_shardings(mesh))(jax.random.key(args.seed))
+    update_step = ppo.make_parallel_update_step(args, env, env_params, network, optimizer, mesh)
+    update_step = update_step.lower(runner).compile()
+
+    main_seconds, background_cpu_seconds = [], []
+    write = checkpoint.RunLog.write
+
+    def timed_write(*write_args):  # in the background thread
+        start = time.thread_time()
+        write(*write_args)
+        background_cpu_seconds.append(time.thread_time() - start)
+    checkpoint.RunLog.write = staticmethod(timed_write)
+
+    with tempfile.TemporaryDirectory() as run_dir, cli.StopSignals() as stop:
+        writer = checkpoint.RunLog(run_dir)
+
+        def save(runner, progress):
+            start = time.perf_counter()
+            ppo.save_checkpoint(run_dir, args, writer, runner, progress)
+            main_seconds.append(time.perf_counter() - start)
+        progress = ppo.Progress(0, ppo.History([], [], []), 0.0)
+        seconds = {"on": [], "off": []}
+        for pair in range(bench.pairs + 1):
+            for kind in (("on", "off") if pair % 2 else ("off", "on")):
+                block_args = copy.copy(args)
+                block_args.num_iterations = progress.iteration + bench.block
+                start = time.perf_counter()
+                with contextlib.redirect_stdout(io.StringIO()):  # progress lines of every block
+                    block_save = save if kind == "on" else None
+                    runner, _, progress, _ = ppo.train(block_args, update_step, runner, writer,
+                                                       stop, progress, block_save)
+                    writer.wait()  # the block's last write counts as its own
+                if pair:  # pair 0 warms up
+                    seconds[kind].append(time.perf_counter() - start)
+        writer.close()
+    ratios = np.array(seconds["on"]) / np.array(seconds["off"])
+    iteration = np.median(seconds["off"]) / bench.block
+    per_checkpoint = np.median(main_seconds) + np.median(background_cpu_seconds)
+    def summary(x) -> dict:
+        return {"median": float(np.median(x)), "quartiles": np.percentile(x, [25, 75]).tolist(),
+                "range": [float(np.min(x)), float(np.max(x))]}
+    report = {"command": "python benchmarks/checkpoint_cost.py " + " ".join(sys.argv[1:]),
+              "machine": cpu_name(), "load_average": os.getloadavg(),
+              "block_iterations": bench.block,
+              "checkpoint_every": bench.checkpoint_every, "steps_per_iteration": args.batch_size,
+              "seconds": seconds, "block_ratio": summary(ratios),
+              "main_thread_ms": summary(1e3 * np.array(main_seconds)),
+              "background_cpu_ms": summary(1e3 * np.array(background_cpu_seconds)),
+              "iteration_ms": 1e3 * iteration,
+              "cost_bound": per_checkpoint / (bench.checkpoint_every * iteration)}
+    text = json.dumps(report, indent=1)
+    if bench.out:
+        with open(bench.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

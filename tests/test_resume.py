@@ -1,0 +1,302 @@
+"""Checkpoints and --resume: a run stopped by a signal, kill -9 or a kill in the middle of writing a
+checkpoint, then resumed, ends as the run that was never interrupted, to the last bit; a checkpoint
+that cannot be resumed is refused with one line, and nothing is overwritten."""
+
+import contextlib
+import glob
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+import safetensors.numpy
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+from tensorboard.compat.proto.event_pb2 import SessionLog
+
+import ppo_breakout as ppo
+from utils import checkpoint, cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# 64 iterations of 2048 steps, a checkpoint every 8: long enough to be killed in the middle.
+ITERATIONS, EVERY = 64, 8
+FLAGS = ["--total-timesteps", str(ITERATIONS * 2048), "--num-envs", "16", "--num-steps", "128",
+         "--num-minibatches", "4", "--update-epochs", "1", "--eval-episodes", "8", "--seed", "5",
+         "--checkpoint-every", str(EVERY)]
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def main_in_process(cwd, *flags) -> tuple[int, list[str]]:
+    """ppo_breakout.main() run in `cwd` as `python ppo_breakout.py FLAGS`: its exit status and
+    stderr lines."""
+    old_cwd, old_argv, err = os.getcwd(), sys.argv, io.StringIO()
+    try:
+        os.chdir(cwd)
+        sys.argv = ["ppo_breakout.py", *flags]
+        with pytest.raises(SystemExit) as exit_, contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(err):
+            ppo.main()
+    finally:
+        os.chdir(old_cwd)
+        sys.argv = old_argv
+    return exit_.value.code, err.getvalue().strip().splitlines()
+
+
+def start_script(cwd) -> subprocess.Popen:
+    command = [sys.executable, os.path.join(ROOT, "ppo_breakout.py"), *FLAGS]
+    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=ENV)
+
+
+def checkpoint_iteration(run_dir) -> int:
+    with safetensors.safe_open(os.path.join(run_dir, ppo.CHECKPOINT), "numpy") as f:
+        return checkpoint.header_value("", f.metadata(), "iteration")
+
+
+def only_run_dir(path) -> str:
+    (run_dir,) = glob.glob(os.path.join(str(path), "runs", "*"))
+    return run_dir
+
+
+def what_a_run_ends_with(run_dir) -> dict:
+    """Every tensor of model.safetensors and of the last checkpoint (but the seconds of its learning
+    curve) as bytes, every logged scalar but SPS, and the evaluation."""
+    tensors = {}
+    for name in ("model.safetensors", ppo.CHECKPOINT):
+        with open(os.path.join(run_dir, name), "rb") as f:
+            tensors |= {f"{name}:{key}": t for key, t in safetensors.numpy.load(f.read()).items()
+                        if key != "history.seconds"}
+    events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    scalars = {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+               for tag in events.Tags()["scalars"] if tag != "charts/SPS"}
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
+    return {"params": {name: (t.dtype, t.shape, t.tobytes()) for name, t in tensors.items()},
+            "scalars": scalars, "eval": summary["eval"], "status": summary["status"]}
+
+
+def logged_events(logdir) -> list:
+    """Every event on disk in `logdir`'s event files, in the order TensorBoard reads them."""
+    files = sorted(glob.glob(os.path.join(str(logdir), "events.out.tfevents.*")))
+    return [event for path in files for event in EventFileLoader(path).Load()]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    path = tmp_path_factory.mktemp("uninterrupted")
+    assert main_in_process(path, *FLAGS) == (0, [])
+    return only_run_dir(path)
+
+
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory):
+    """A run stopped by SIGTERM as soon as it trains: it ends the iteration, writes a checkpoint."""
+    path = tmp_path_factory.mktemp("interrupted")
+    process = start_script(path)
+    try:
+        assert "logging to" in process.stdout.readline()
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 143, stderr
+    return only_run_dir(path)
+
+
+def resume_copy(run_dir, tmp_path, *flags) -> str:
+    """Resumes a copy of `run_dir` (in tmp_path/runs/) and returns the copy's path."""
+    copy = shutil.copytree(run_dir, tmp_path / "runs" / os.path.basename(run_dir))
+    assert main_in_process(tmp_path, "--resume", str(copy), *flags) == (0, [])
+    return str(copy)
+
+
+def test_a_run_stopped_by_sigterm_resumes_to_the_uninterrupted_run_bit_for_bit(
+        interrupted, uninterrupted, tmp_path):
+    with open(os.path.join(interrupted, "summary.json")) as f:
+        stopped_at = json.load(f)["global_step"]
+    assert 0 < stopped_at < ITERATIONS * 2048
+    assert checkpoint_iteration(interrupted) * 2048 == stopped_at  # where it stopped, not before
+    resumed = resume_copy(interrupted, tmp_path)
+    assert what_a_run_ends_with(resumed) == what_a_run_ends_with(uninterrupted)
+    with open(os.path.join(resumed, "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["resumed_at_step"] == stopped_at and summary["global_step"] == ITERATIONS * 2048
+
+
+def test_a_run_killed_at_any_moment_resumes_from_its_last_checkpoint(uninterrupted, tmp_path):
+    process = start_script(tmp_path)
+    try:
+        for line in process.stdout:  # a progress line every tenth of training
+            if line.startswith("step") and int(line.split()[1].replace(",", "")) > 2 * EVERY * 2048:
+                break
+        process.send_signal(signal.SIGKILL)
+        process.communicate(timeout=60)
+    finally:
+        process.kill()
+    run_dir = only_run_dir(tmp_path)
+    assert not os.path.exists(os.path.join(run_dir, "summary.json"))  # killed before the end
+    resumed_at = checkpoint_iteration(run_dir)
+    assert EVERY <= resumed_at < ITERATIONS
+    # --checkpoint-every may change on resume: it changes no result.
+    assert main_in_process(tmp_path, "--resume", run_dir, "--checkpoint-every", "5") == (0, [])
+    assert what_a_run_ends_with(run_dir) == what_a_run_ends_with(uninterrupted)
+    # TensorBoard is told to drop the killed run's steps after the checkpoint.
+    starts = [e.step for e in logged_events(run_dir) if e.session_log.status == SessionLog.START]
+    assert starts == [resumed_at * 2048 + 1]
+
+
+# Kills the process with SIGKILL when it renames its second checkpoint into place: the temporary
+# file is complete and synced, the rename never happens.
+KILL_IN_SECOND_RENAME = """
+import os, signal
+real_replace, renames = os.replace, []
+def replace(source, target):
+    if target.endswith("checkpoint.safetensors"):
+        renames.append(target)
+        if len(renames) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return real_replace(source, target)
+os.replace = replace
+"""
+
+
+def test_a_kill_in_the_middle_of_writing_a_checkpoint_resumes_from_the_one_before(uninterrupted,
+                                                                                   tmp_path):
+    script = os.path.join(ROOT, "ppo_breakout.py")
+    run_killed = f"import runpy, sys\nsys.path.insert(0, {ROOT!r})\nsys.argv = sys.argv[1:]\n" \
+                 f"{KILL_IN_SECOND_RENAME}\nrunpy.run_path({script!r}, run_name='__main__')"
+    process = subprocess.run([sys.executable, "-c", run_killed, script, *FLAGS], cwd=tmp_path,
+                             capture_output=True, text=True, env=ENV, timeout=300)
+    assert process.returncode == -signal.SIGKILL, process.stderr
+    run_dir = only_run_dir(tmp_path)
+    left = [name for name in os.listdir(run_dir) if name.endswith(".tmp")]
+    assert len(left) == 1  # the checkpoint being written when the process died, not yet renamed
+    assert os.path.getsize(os.path.join(run_dir, left[0])) > 0
+    assert checkpoint_iteration(run_dir) == EVERY  # the first checkpoint, whole
+    assert main_in_process(tmp_path, "--resume", run_dir) == (0, [])
+    assert what_a_run_ends_with(run_dir) == what_a_run_ends_with(uninterrupted)
+    assert not [name for name in os.listdir(run_dir) if name.endswith(".tmp")]  # cleaned up
+
+
+def rewrite_header(path: str, **values) -> None:
+    tensors, header = checkpoint.read_safetensors(path, "")
+    safetensors.numpy.save_file(tensors, path, header | values)
+
+
+def damage(run_dir: str, case: str) -> None:
+    """Damages a run directory's checkpoint the way `case` says."""
+    path = os.path.join(run_dir, ppo.CHECKPOINT)
+    if case == "truncated":
+        with open(path, "rb") as f:
+            data = f.read()
+        with open(path, "wb") as f:
+            f.write(data[: len(data) // 2])
+    elif case == "no checkpoint":
+        os.remove(path)
+    elif case == "garbled arguments":
+        rewrite_header(path, args='{"seed": 5,')
+    elif case == "another version":
+        rewrite_header(path, code=json.dumps("0" * 64))
+    elif case == "another network":  # the arguments say 32 units; the tensors hold 64
+        _, header = checkpoint.read_safetensors(path, "")
+        args = json.loads(header["args"]) | {"hidden_sizes": [32, 32]}
+        rewrite_header(path, args=json.dumps(args))
+    elif case == "no key":
+        tensors, header = checkpoint.read_safetensors(path, "")
+        del tensors["runner.key"]
+        safetensors.numpy.save_file(tensors, path, header)
+
+
+BAD_RESUMES = [
+    ("completed", [], "that run completed; nothing to resume"),
+    ("missing", [], "no such run directory"),
+    ("no checkpoint", [], "has no checkpoint.safetensors"),
+    ("truncated", [], "is not a readable safetensors file"),
+    ("garbled arguments", [], "the header's args is not valid JSON"),
+    ("another version", [], "was written by another version of ppo_breakout.py or utils/"),
+    ("another network", [],
+     "does not hold runner.train_state.params['policy']['w'] as float32[64, 3]"),
+    ("no key", [], "does not hold runner.key"),
+    ("other widths", ["--hidden-sizes", "32", "32"],
+     "was run with --hidden-sizes 64 64, not 32 32"),
+    ("other steps", ["--total-timesteps=1000000"],
+     "was run with --total-timesteps 131072, not 1000000"),
+    ("a model too", ["--load-model", "x.safetensors"],
+     "--resume continues training and --load-model only evaluates"),
+    ("negative interval", ["--checkpoint-every", "-1"],
+     "--checkpoint-every must be 0 (never) or positive"),
+]
+
+
+@pytest.mark.parametrize("case, flags, message", BAD_RESUMES, ids=[c for c, _, _ in BAD_RESUMES])
+def test_a_run_that_cannot_be_resumed_is_refused_with_one_line_and_nothing_changes(
+        case, flags, message, interrupted, uninterrupted, tmp_path):
+    source = uninterrupted if case == "completed" else interrupted
+    run_dir = shutil.copytree(source, tmp_path / "run")
+    damage(str(run_dir), case)
+    if case == "missing":
+        shutil.rmtree(run_dir)
+
+    def contents() -> dict:
+        files = glob.glob(f"{tmp_path}/**", recursive=True)
+        return {path: open(path, "rb").read() for path in files if os.path.isfile(path)}
+    before = contents()
+    status, err = main_in_process(tmp_path, "--resume", str(run_dir), *flags)
+    assert status == 2
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+    assert contents() == before
+
+
+# --------------------------------------------------------------------------------------------------
+# The pieces
+# --------------------------------------------------------------------------------------------------
+def test_a_state_with_a_typed_key_round_trips_bit_for_bit(tmp_path):
+    state = {"key": jax.random.split(jax.random.key(3), 4), "flags": np.array([True, False]),
+             "x": np.arange(6, dtype=np.float32).reshape(2, 3)}
+    path = str(tmp_path / "state.safetensors")
+    checkpoint.write_atomically(path, checkpoint.state_bytes({"state": state}, {}))
+    tensors, header = checkpoint.read_safetensors(path, "")
+    restored = checkpoint.restore(path, tensors, header, "state", state)
+    np.testing.assert_array_equal(jax.random.key_data(restored["key"]),
+                                  jax.random.key_data(state["key"]))
+    assert restored["key"].dtype == state["key"].dtype
+    np.testing.assert_array_equal(restored["x"], state["x"])
+    np.testing.assert_array_equal(restored["flags"], state["flags"])
+    with pytest.raises(ValueError, match=r"does not hold state\['x'\] as float32\[2, 4\]"):
+        checkpoint.restore(path, tensors, header, "state",
+                           state | {"x": np.zeros((2, 4), np.float32)})
+
+
+@pytest.mark.parametrize("argv, given", [
+    (["--hidden-sizes", "8", "8", "--seed=3"], {"hidden_sizes", "seed"}),
+    (["--hidden_sizes", "8", "--no-save-model"], {"hidden_sizes", "save_model"}),
+    (["--exp-name", "seed"], {"exp_name"}),
+    ([], set()),
+])
+def test_the_flags_a_command_line_gives_are_found(argv, given):
+    assert cli.given_fields(ppo.Args, argv) == given
+
+
+def test_what_was_logged_before_a_checkpoint_is_on_disk_once_the_checkpoint_is(tmp_path):
+    log = checkpoint.RunLog(str(tmp_path), step=0)
+    log.add_scalar("charts/x", 1.0, 7)
+    log.save_state(str(tmp_path / "state.safetensors"), {"state": {"x": np.zeros(3)}}, {}, step=7)
+    log.wait()
+    assert os.path.exists(tmp_path / "state.safetensors")
+    assert [e.step for e in logged_events(tmp_path) if e.summary.value] == [7]  # the log not closed
+    log.close()
+
+
+def test_a_resumed_log_starts_by_dropping_what_was_logged_after_its_checkpoint(tmp_path):
+    checkpoint.RunLog(str(tmp_path), step=0).close()
+    log = checkpoint.RunLog(str(tmp_path), step=4096, purge_step=4097)  # a new second: a new file
+    log.close()
+    starts = [e.step for e in logged_events(tmp_path) if e.session_log.status == SessionLog.START]
+    assert starts == [4097]
