@@ -25,8 +25,8 @@ sys.path.insert(0, ROOT)
 from benchmarks import stats  # noqa: E402
 
 RESULTS = os.path.join("benchmarks", "results")
-DOCS = tuple(os.path.join("docs", name) for name in (
-    "tuning.md", "tuning_history.md", "loss_stability.md", "ppo_breakout.md"))
+DOCS = (*(os.path.join("docs", name) for name in (
+    "tuning.md", "tuning_history.md", "loss_stability.md", "ppo_breakout.md")), "README.md")
 FIGURES = os.path.join("docs", "figures", "tuning")
 SCRIPT_FIGURES = os.path.join("docs", "figures", "ppo_breakout")
 THIS = "python benchmarks/make_tables.py"
@@ -320,7 +320,7 @@ def long_runs_table() -> str:
     a bootstrap interval, and how many of the gymnax-protocol episodes ran to the time limit."""
     lines = ["| trained with | steps | gymnax protocol, per seed | mean [95% CI] | lowest "
              "| episodes to the time limit, per seed | best episode "
-             "| MinAtar protocol (sticky 0.1), per seed | mean [95% CI] | lowest |",
+             "| sticky 0.1 within gymnax's time limit, per seed | mean [95% CI] | lowest |",
              "|---|---:|---|---:|---:|---|---:|---|---:|---:|"]
 
     def returns_cells(evals: list[dict]) -> list[str]:
@@ -403,6 +403,29 @@ def screen_commands() -> str:
     return "\n".join(["```bash", *commands, "```"])
 
 
+def readme_games_table() -> str:
+    """The README's table: per game, seeds 1-5 of the script at 1M steps under both protocols (sampled
+    actions), the mean and the lowest seed, beside the published PPO numbers at 10M steps."""
+    from benchmarks import aggregate
+    lines = ["| game | gymnax's protocol: mean (lowest seed) | published PPO, 10M steps | "
+             "MinAtar's protocol: mean (lowest seed) | published PPO, 10M steps |",
+             "|---|---:|---:|---:|---:|"]
+    for game in aggregate.GAMES:
+        rows = load("games", f"readme_{game}_1M.json")["rows"]
+        cells = [game]
+        for column, pick in enumerate((lambda e: e["sampled"], lambda e: e["sticky_0.1"]["sampled"])):
+            returns = np.array([pick(row["eval"])["mean"] for row in rows])
+            cells += [f"{returns.mean():.1f} ({returns.min():.1f})", f"{aggregate.PUBLISHED[game][column]:g}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def readme_games_commands() -> str:
+    from benchmarks import aggregate
+    commands = [load("games", f"readme_{game}_1M.json")["command"] for game in aggregate.GAMES]
+    return "\n".join(["```bash", *commands, "```"])
+
+
 def long_runs_commands() -> str:
     return "\n".join(["```bash", *[load(*path.split("/"))["command"] for path, _, _ in LONG_RUNS], "```"])
 
@@ -461,7 +484,8 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "long-runs": long_runs_table, "long-runs-commands": long_runs_commands,
           "search-sticky": lambda: search_table("search_sticky.json"),
           "games-screen": games_screen_table, "breakout-10m": breakout_10m_table,
-          "screen-commands": screen_commands}
+          "screen-commands": screen_commands, "readme-games": readme_games_table,
+          "readme-games-commands": readme_games_commands}
 
 
 def with_tables(doc: str) -> str:
