@@ -92,12 +92,14 @@ class Args:
     """the widths of the torso's hidden layers, shared by the policy and value heads"""
     activation: Literal["crelu", "relu"] = "crelu"
     """the torso's activation: crelu passes [relu(x), relu(-x)] on, twice the layer's width"""
-    layer_norm: bool = False
-    """normalize each torso layer's pre-activations (LayerNorm), as PQN does"""
+    layer_norm: bool = True
+    """normalize each torso layer's pre-activations (LayerNorm, as PQN does): it keeps long runs from
+    collapsing (docs/tuning.md)"""
     ratio: Literal["log", "direct"] = "log"
     """PPO's probability ratio: log, exp(log pi - log pi_old); direct, pi / pi_old as the paper writes it"""
-    sticky_action_prob: float = 0.0
-    """probability that the game repeats its previous action in training (MinAtar's protocol: 0.1)"""
+    sticky_action_prob: float = 0.1
+    """probability that the game repeats its previous action in training, as in MinAtar (0 for gymnax's
+    games as they are)"""
     diagnostics: bool = True
     """log the diagnostics/ scalars and histograms/ of each iteration's rollout and update"""
     eval_episodes: int = 256
@@ -105,8 +107,9 @@ class Args:
     num_devices: int = 0
     """devices the environments are split across (0: the most, up to 8, that divide the batch); a seed
     replays the same run only with the same count"""
-    jax_cache_dir: str = "~/.cache/jax"
-    """JAX's persistent compilation cache, so a rerun skips compiling; at most 1 GiB ("" turns it off)"""
+    jax_cache_dir: str = "~/.cache/jax-ppo"
+    """JAX's persistent compilation cache, so a rerun skips compiling; at most 1 GiB, in a directory no
+    uncapped JAX program writes to ("" turns it off)"""
     save_model: bool = True
     """save the final parameters to model.safetensors in the run directory"""
     load_model: str = ""
@@ -200,7 +203,7 @@ def actor_critic(obs: jax.Array, num_actions: int, hidden_sizes: tuple[int, ...]
 
 
 def make_network(num_actions: int, hidden_sizes: tuple[int, ...], activation: str,
-                 layer_norm: bool = False) -> hk.Transformed:
+                 layer_norm: bool) -> hk.Transformed:
     return hk.without_apply_rng(hk.transform(functools.partial(
         actor_critic, num_actions=num_actions, hidden_sizes=hidden_sizes, activation=activation,
         layer_norm=layer_norm)))

@@ -61,7 +61,8 @@ def main() -> None:
     args = ppo.fill_runtime_fields(args)
     args.checkpoint_every = bench.checkpoint_every
     env, env_params = ppo.make_env(args.env_id, args.sticky_action_prob)
-    network = ppo.make_network(env.action_space(env_params).n, args.hidden_sizes, args.activation)
+    network = ppo.make_network(env.action_space(env_params).n, args.hidden_sizes, args.activation,
+                               args.layer_norm)
     optimizer = ppo.make_optimizer(args)
     mesh = Mesh(np.array(jax.devices()[:args.num_devices]), ("data",))
     init = functools.partial(ppo.init_runner, env=env, env_params=env_params, network=network,

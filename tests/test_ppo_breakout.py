@@ -171,7 +171,7 @@ def loss_setup(**overrides):
     """A network, its parameters (a policy far from uniform) and a minibatch whose stored logits and
     values are the network's own (the first gradient step of an epoch: ratio 1, nothing clipped)."""
     args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=32, num_minibatches=1, **overrides))
-    network = ppo.make_network(3, args.hidden_sizes, args.activation)
+    network = ppo.make_network(3, args.hidden_sizes, args.activation, args.layer_norm)
     keys = jax.random.split(jax.random.key(0), 4)
     obs = jax.random.bernoulli(keys[0], 0.2, (64, 10, 10, 4)).astype(jnp.float32)
     params = network.init(keys[1], obs)
@@ -562,7 +562,7 @@ def test_data_parallel_step_equals_the_single_device_step_on_the_whole_minibatch
     # of it. The halves have different advantage statistics, so normalising per device would fail.
     assert len(jax.devices()) >= 2  # conftest.py asks for two CPU devices
     args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=32, num_minibatches=1))
-    network = ppo.make_network(3, args.hidden_sizes, args.activation)
+    network = ppo.make_network(3, args.hidden_sizes, args.activation, args.layer_norm)
     keys = jax.random.split(jax.random.key(0), 6)
     n = args.minibatch_size
     mb = ppo.Batch(
@@ -597,7 +597,7 @@ def test_parallel_update_step_keeps_every_device_on_the_same_parameters():
     args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=16, num_minibatches=2,
                                             update_epochs=2, total_timesteps=8 * 16 * 3))
     env, env_params = gymnax.make(args.env_id)
-    network = ppo.make_network(3, args.hidden_sizes, args.activation)
+    network = ppo.make_network(3, args.hidden_sizes, args.activation, args.layer_norm)
     optimizer = ppo.make_optimizer(args)
     mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
     runner = jax.jit(functools.partial(ppo.init_runner, env=env, env_params=env_params, network=network,
@@ -623,7 +623,7 @@ def test_loss_metrics_average_every_epoch_and_minibatch():
     args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=16, num_minibatches=2, update_epochs=2,
                                             learning_rate=1.0, anneal_lr=False, total_timesteps=128))
     env, env_params = gymnax.make(args.env_id)
-    network = ppo.make_network(3, args.hidden_sizes, args.activation)
+    network = ppo.make_network(3, args.hidden_sizes, args.activation, args.layer_norm)
     optimizer = ppo.make_optimizer(args)
     runner = ppo.init_runner(jax.random.key(0), env, env_params, network, optimizer, args.num_envs)
     _, metrics = jax.jit(ppo.make_update_step(args, env, env_params, network, optimizer))(runner)
@@ -642,7 +642,7 @@ def test_update_step_learns_the_probe_optimum_and_bootstraps_through_truncation(
     args = ppo.fill_runtime_fields(ppo.Args(
         num_envs=16, num_steps=16, num_minibatches=4, update_epochs=4, gamma=0.5, learning_rate=3e-3,
         anneal_lr=False, total_timesteps=16 * 16 * 150, ent_coef=0.0, clip_vloss=False))
-    network = ppo.make_network(2, args.hidden_sizes, args.activation)
+    network = ppo.make_network(2, args.hidden_sizes, args.activation, args.layer_norm)
     optimizer = ppo.make_optimizer(args)
     runner = ppo.init_runner(jax.random.key(0), env, env_params, network, optimizer, args.num_envs)
     update_step = jax.jit(ppo.make_update_step(args, env, env_params, network, optimizer))
@@ -666,7 +666,9 @@ def random_policy_return(env_id: str, episodes: int = 256) -> float:
 def test_short_breakout_run_learns_what_correct_code_reaches(tmp_path):
     # At 250k steps the correct code's sampled return was 13.0-16.7 over seeds 1-7, and a rollout that
     # stores v(next observation) scored 4.3-5.8 (docs/ppo_breakout.md, "Tests"): the bar sits between.
-    result = run_in_process(tmp_path, "--total-timesteps", "250000", "--eval-episodes", "64", "--no-save-model")
+    # The bar was measured without LayerNorm and sticky actions: the test pins those flags.
+    result = run_in_process(tmp_path, "--total-timesteps", "250000", "--eval-episodes", "64", "--no-save-model",
+                            "--no-layer-norm", "--sticky-action-prob", "0")
     assert result.returncode == 0, result.stderr
     summary = json.load(open(glob.glob(str(tmp_path / "runs" / "*" / "summary.json"))[0]))
     random_return = random_policy_return("Breakout-MinAtar")
@@ -706,7 +708,7 @@ def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
 
 def tiny_network_params(args: ppo.Args) -> hk.Params:
     """Freshly initialised parameters of the network `args` describes: the shapes a saved model must have."""
-    network = ppo.make_network(3, args.hidden_sizes, args.activation)
+    network = ppo.make_network(3, args.hidden_sizes, args.activation, args.layer_norm)
     return network.init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
 
 
@@ -810,7 +812,8 @@ def test_a_saved_model_brings_its_network_arguments_with_it(tmp_path):
     args = tyro.cli(ppo.Args, args=["--hidden-sizes", "16", "--activation", "relu", "--env-id", "Asterix-MinAtar"])
     env, env_params = ppo.make_env(args.env_id, 0.0)
     obs = jnp.zeros((1, *env.observation_space(env_params).shape))
-    params = ppo.make_network(env.num_actions, args.hidden_sizes, args.activation).init(jax.random.key(0), obs)
+    params = ppo.make_network(env.num_actions, args.hidden_sizes, args.activation,
+                              args.layer_norm).init(jax.random.key(0), obs)
     model = str(tmp_path / "asterix.safetensors")
     checkpoint.save_model(model, params, network_args(args), {})
     result = run_in_process(tmp_path, "--load-model", model, "--eval-episodes", "4", "--hidden-sizes", "16")
@@ -851,7 +854,7 @@ def test_saved_model_round_trips_with_the_network_arguments_in_its_header(tmp_pa
         with pytest.raises(ValueError, match=message):
             checkpoint.load_model(path, network_args(tyro.cli(ppo.Args, args=flags)), params)
     # A header that lies about the network: the tensors' shapes are checked too.
-    other = ppo.make_network(3, (8, 5), "relu").init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
+    other = ppo.make_network(3, (8, 5), "relu", False).init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
     with pytest.raises(ValueError, match="does not hold the parameters of this network"):
         checkpoint.load_model(path, network_args(args), other)
 
@@ -1028,7 +1031,7 @@ def test_hidden_sizes_and_activation_set_the_shared_torso(activation, feature_fa
     # A CReLU layer of width w passes 2w features on, so each next layer reads twice as many inputs.
     # Its orthogonal init has gain 1 (CReLU keeps the norm), a ReLU layer's sqrt(2): unit columns x gain.
     args = tyro.cli(ppo.Args, args=["--hidden-sizes", "32", "16", "8", "--activation", activation])
-    network = ppo.make_network(3, args.hidden_sizes, args.activation)
+    network = ppo.make_network(3, args.hidden_sizes, args.activation, args.layer_norm)
     params = network.init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
     f = feature_factor
     shapes = [params[f"torso_{i}"]["w"].shape for i in range(3)]
@@ -1067,3 +1070,21 @@ def test_approx_kl_is_the_low_variance_k3_estimator_not_the_naive_one():
     np.testing.assert_allclose(metrics["approx_kl"], np.mean(np.expm1(log_r) - log_r), rtol=1e-4)
     assert abs(metrics["approx_kl"] - np.mean(-log_r)) > 0.05  # not k1
     assert metrics["approx_kl"] > 0
+
+
+def test_the_compilation_cache_is_capped(tiny_run):
+    # A search compiles a program per setting: without a cap the persistent cache grows without bound.
+    assert jax.config.jax_compilation_cache_max_size == ppo.CACHE_MAX_BYTES > 0
+
+
+@pytest.mark.parametrize("layer_norm", [True, False])
+def test_layer_norm_normalises_each_torso_layers_pre_activations_per_sample(layer_norm):
+    network = ppo.make_network(3, (64, 32), "crelu", layer_norm)
+    obs = jax.random.bernoulli(jax.random.key(0), 0.3, (16, 10, 10, 4)).astype(jnp.float32)
+    params = network.init(jax.random.key(1), obs)
+    params = jax.tree.map(lambda x: 3.0 * x, params)  # LayerNorm's scale too: 3, its offset 0
+    _, _, features = network.apply(params, obs, return_features=True)
+    for start, width in ((0, 64), (128, 32)):  # CReLU: [relu(x), relu(-x)] gives x back
+        x = features[:, start:start + width] - features[:, start + width:start + 2 * width]
+        normalised = np.allclose(x.mean(-1), 0.0, atol=1e-4) and np.allclose(x.std(-1), 3.0, rtol=1e-3)
+        assert normalised == layer_norm

@@ -38,6 +38,10 @@ def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path, ca
 
     returns = np.array(result["eval_returns"])
     assert result["seeds"] == [1, 2, 3] and returns.shape == (3,)
+    # Both protocols, gymnax's in eval_returns whatever the training used, MinAtar's beside it.
+    assert len(result["eval_returns_minatar"]) == 3 and result["minatar_bound_hits"] == [0, 0, 0]
+    assert result["eval_returns_minatar"] != result["eval_returns"]
+    assert result["summary_minatar"]["mean"]["value"] == pytest.approx(np.mean(result["eval_returns_minatar"]))
     assert result["changed_args"] == {"total_timesteps": 4096, "num_envs": 16, "num_minibatches": 4,
                                       "update_epochs": 1}
     assert result["curve"]["steps"] == [2048, 4096]
@@ -66,7 +70,8 @@ def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path, ca
 
 
 def test_a_baseline_is_compared_on_this_runs_seeds_only():
-    result = tune.SeedsResult(eval_returns=np.array([30.0, 40.0]), return_sums=np.ones((2, 1)),
+    result = tune.SeedsResult(eval_returns=np.array([30.0, 40.0]), eval_returns_minatar=np.array([5.0, 6.0]),
+                              minatar_bound_hits=np.zeros(2, int), return_sums=np.ones((2, 1)),
                               episodes=np.ones((2, 1), int), chunk_steps=[100], compile_seconds=0.0,
                               train_seconds=0.0, eval_seconds=0.0)
     baseline = {"seeds": [1, 2, 3, 4], "eval_returns": [10.0, 25.0, 35.0, 99.0], "changed_args": {}, "command": "c"}

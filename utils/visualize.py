@@ -75,11 +75,13 @@ def play_gif(episodes: list[np.ndarray], titles: list[str], channel_names: list[
     total_width = len(episodes) * (width + gap) - gap
     names = channel_names or [f"channel {c}" for c in range(episodes[0].shape[-1])]
     rows, x = [[]], 2  # the legend's entries, (x, channel), wrapped into rows that fit the width
+    measure = ImageDraw.Draw(Image.new("P", (1, 1)))
     for channel, name in enumerate(names):
-        if x + 16 + 6 * len(name) > total_width and rows[-1]:
+        entry = 11 + int(measure.textlength(name)) + 10  # swatch, name, space
+        if x + entry > total_width and rows[-1]:
             rows, x = rows + [[]], 2
         rows[-1].append((x, channel))
-        x += 16 + 6 * len(name)
+        x += entry
     legend = len(rows) * LABEL
     canvas = np.zeros((num_frames, LABEL + height + legend, total_width), np.uint8)
     for r, row in enumerate(rows):
