@@ -60,6 +60,31 @@ class Args:
     """print the harness command behind each evidence file, and exit"""
 
 
+# Defaults that changed after some results were run, with their earlier values: the commands shown
+# for those results pin the earlier values, so that they reproduce the committed JSON today.
+EARLIER_DEFAULTS = {"layer_norm": False, "sticky_action_prob": 0.0}
+
+
+def pinned(command: str, recorded: dict | None) -> str:
+    """`command` plus the flags that pin each of EARLIER_DEFAULTS where the run used a value other
+    than today's default. `recorded` is the run's arguments (None: it predates the change)."""
+    import ppo_breakout  # here, not at the top: it starts JAX, which --commands does not need
+    flags = []
+    for name, earlier in EARLIER_DEFAULTS.items():
+        value = earlier if recorded is None else recorded.get(name, earlier)
+        flag = "--" + name.replace("_", "-")
+        if value == getattr(ppo_breakout.Args, name) or flag in command or "--no-" + flag[2:] in command:
+            continue
+        flags.append(flag if value is True else f"--no-{flag[2:]}" if value is False else f"{flag} {value}")
+    if not flags:
+        return command
+    if command.startswith("python benchmarks/results_table.py"):  # flags for the script it runs
+        if "--script-args=" in command:
+            return command.replace("'--script-args=", "'--script-args=" + " ".join(flags) + " ")
+        return command + " '--script-args=" + " ".join(flags) + "'"
+    return command + " " + " ".join(f.replace("--", "--ppo.", 1) for f in flags)
+
+
 def evidence_file(flags: str) -> str:
     """gae_lambda_0.95.json for '--ppo.gae-lambda 0.95'."""
     return "_".join(part.removeprefix("--ppo.").replace("-", "_") for part in flags.split()) + ".json"
@@ -68,9 +93,10 @@ def evidence_file(flags: str) -> str:
 def evidence_commands() -> list[str]:
     """The harness commands that write the evidence files, the defaults first."""
     out = os.path.join(RESULTS, "evidence")
-    return [f"python benchmarks/tune.py --num-seeds 40 --out {os.path.join(out, EVIDENCE_DEFAULTS)}"] + [
+    commands = [f"python benchmarks/tune.py --num-seeds 40 --out {os.path.join(out, EVIDENCE_DEFAULTS)}"] + [
         f"python benchmarks/tune.py --num-seeds {n} {flags} --out {os.path.join(out, evidence_file(flags))}"
         for flags, n in EVIDENCE]
+    return [pinned(command, None) for command in commands]  # all run before the change of defaults
 
 
 def load(*parts: str) -> dict:
@@ -158,7 +184,7 @@ def confirmation_table() -> str:
 
 def confirmation_commands() -> str:
     results = [load("confirmation", f) for f in CONFIRMATION]
-    return "\n".join(["```bash", *[r["command"] for r in results], "```"])
+    return "\n".join(["```bash", *[pinned(r["command"], r["ppo_args"]) for r in results], "```"])
 
 
 def search_table(file: str = "search.json") -> str:
@@ -217,9 +243,9 @@ def speed_table() -> str:
     return "\n".join(lines)
 
 
-def script_speed_table() -> str:
+def script_speed_table(file: str = "script_speed.json") -> str:
     """ppo_breakout.py against an earlier commit, alternating rounds: medians and ranges over the rounds."""
-    report = load("script_speed.json")
+    report = load(file)
     base = report["base"]
 
     def cell(values, fmt, unit=""):
@@ -227,16 +253,17 @@ def script_speed_table() -> str:
 
     lines = [f"Measured on {report['machine']}; `{report['command']}`, {len(report['rounds'])} rounds after a "
              f"warm-up round; medians (range over the rounds).", "",
-             f"| version | wall s | wall / `{base}`, per round | train SPS | compile s "
-             "| evaluation and pictures, s | peak memory, MB | sampled return |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             f"| version | wall s | wall / `{base}`, per round | train SPS | train SPS / `{base}`, per round "
+             "| compile s | evaluation and pictures, s | peak memory, MB | sampled return |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for version in report["versions"]:
         runs = [r[version] for r in report["rounds"]]
         ratios = [r[version]["wall_seconds"] / r[base]["wall_seconds"] for r in report["rounds"]]
+        sps_ratios = [r[version]["sps"] / r[base]["sps"] for r in report["rounds"]]
         sampled = sorted({f"{r['sampled']:.2f}" for r in runs})
         lines.append(f"| {'`' + version + '`' if version == base else version} "
                      f"| {cell([r['wall_seconds'] for r in runs], '.2f')} | {cell(ratios, '.3f')} "
-                     f"| {cell([r['sps'] / 1000 for r in runs], '.1f', 'k')} "
+                     f"| {cell([r['sps'] / 1000 for r in runs], '.1f', 'k')} | {cell(sps_ratios, '.3f')} "
                      f"| {cell([r['compile_seconds'] for r in runs], '.2f')} "
                      f"| {cell([r['eval_seconds'] for r in runs], '.2f')} "
                      f"| {cell([r['peak_memory_mb'] for r in runs], '.0f')} | {', '.join(sampled)} |")
@@ -305,8 +332,8 @@ def ratio_table() -> str:
 
 
 def ratio_commands() -> str:
-    return "\n".join(["```bash", *[load("ratio", f"{name}_{ratio}.json")["command"]
-                                    for name, _ in RATIO_SETTINGS for ratio in ("log", "direct")], "```"])
+    results = [load("ratio", f"{name}_{ratio}.json") for name, _ in RATIO_SETTINGS for ratio in ("log", "direct")]
+    return "\n".join(["```bash", *[pinned(r["command"], r["ppo_args"]) for r in results], "```"])
 
 
 # Five seeds of the script, longer and under MinAtar's protocol (results_table.py JSON).
@@ -340,8 +367,11 @@ def long_runs_table() -> str:
     return "\n".join(lines)
 
 
-# The settings screened on all five games (benchmarks/results/screen, 4 seeds each), in the order tried.
-SCREEN = ["defaults", "sticky", "layernorm"]
+# The settings screened on all five games (benchmarks/results/screen, 4 seeds each), in the order tried;
+# "defaults" are the defaults before LayerNorm and sticky actions were adopted.
+SCREEN = ["defaults", "sticky", "layernorm", "stickyln"]
+SCREEN_NAMES = {"defaults": "earlier defaults", "sticky": "+ sticky actions", "layernorm": "+ LayerNorm",
+                "stickyln": "+ both (today's defaults)"}
 
 
 def games_screen_table(steps: int = 1_000_000) -> str:
@@ -351,16 +381,16 @@ def games_screen_table(steps: int = 1_000_000) -> str:
     random = load("games", "random_scores.json")["random_returns"]
     results_dir = os.path.join(ROOT, RESULTS, "screen")
     base = aggregate.load(results_dir, "defaults", steps)
-    lines = ["| setting | flags | gymnax: IQM [95% CI] | vs defaults | MinAtar: IQM [95% CI] | vs defaults | "
-             + " | ".join(aggregate.GAMES) + " |",
-             "|---|---|---:|---:|---:|---:|" + "---:|" * len(aggregate.GAMES)]
+    lines = ["| setting | LayerNorm | sticky actions in training | gymnax: IQM [95% CI] | vs earlier defaults "
+             "| MinAtar: IQM [95% CI] | vs earlier defaults | " + " | ".join(aggregate.GAMES) + " |",
+             "|---|---|---:|---:|---:|---:|---:|" + "---:|" * len(aggregate.GAMES)]
     for setting in SCREEN:
         results = aggregate.load(results_dir, setting, steps)
         if results is None:
             continue
-        cells = [setting, " ".join(f"`--{k.replace('_', '-')} {v}`" for k, v in
-                                   results["Breakout"]["changed_args"].items()
-                                   if k != "total_timesteps" and k != "env_id") or "(defaults)"]
+        ppo_args = results["Breakout"]["ppo_args"]
+        cells = [SCREEN_NAMES[setting], f"{'yes' if ppo_args['layer_norm'] else 'no'}",
+                 f"{ppo_args['sticky_action_prob']:g}"]
         for protocol in aggregate.PROTOCOL_KEYS:
             per_game = aggregate.normalised(results, protocol, random)
             cells.append(ci(aggregate.summarize(per_game), "{:.2f}"))
@@ -385,7 +415,7 @@ def breakout_10m_table() -> str:
             continue
         with open(path) as f:
             result = json.load(f)
-        cells = [setting]
+        cells = [SCREEN_NAMES[setting]]
         for key in ("eval_returns", "eval_returns_minatar"):
             returns = np.array(result[key])
             cells += [", ".join(f"{r:.1f}" for r in returns),
@@ -399,7 +429,8 @@ def screen_commands() -> str:
     commands = []
     for name in sorted(os.listdir(os.path.join(ROOT, RESULTS, "screen"))):
         if name.endswith(".json"):
-            commands.append(load("screen", name)["command"])
+            result = load("screen", name)
+            commands.append(pinned(result["command"], result["ppo_args"]))
     return "\n".join(["```bash", *commands, "```"])
 
 
@@ -422,12 +453,14 @@ def readme_games_table() -> str:
 
 def readme_games_commands() -> str:
     from benchmarks import aggregate
-    commands = [load("games", f"readme_{game}_1M.json")["command"] for game in aggregate.GAMES]
+    results = [load("games", f"readme_{game}_1M.json") for game in aggregate.GAMES]
+    commands = [pinned(r["command"], r["rows"][0].get("args")) for r in results]
     return "\n".join(["```bash", *commands, "```"])
 
 
 def long_runs_commands() -> str:
-    return "\n".join(["```bash", *[load(*path.split("/"))["command"] for path, _, _ in LONG_RUNS], "```"])
+    return "\n".join(["```bash", *[pinned(load(*path.split("/"))["command"], None) for path, _, _ in LONG_RUNS],
+                      "```"])
 
 
 def long_runs_figure() -> None:
@@ -484,6 +517,7 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "long-runs": long_runs_table, "long-runs-commands": long_runs_commands,
           "search-sticky": lambda: search_table("search_sticky.json"),
           "games-screen": games_screen_table, "breakout-10m": breakout_10m_table,
+          "defaults-speed": lambda: script_speed_table("script_speed_defaults.json"),
           "screen-commands": screen_commands, "readme-games": readme_games_table,
           "readme-games-commands": readme_games_commands}
 

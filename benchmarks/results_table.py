@@ -135,7 +135,8 @@ def main() -> None:
             summary = json.load(f)
         rows.append({"seed": seed, "eval": summary["eval"], "wall_seconds": wall,
                      "compile_seconds": summary["compile_seconds"], "sps": summary["sps"], "peak_gb": peak_gb,
-                     "run_dir": os.path.dirname(summary_path), "curve": learning_curve(os.path.dirname(summary_path))})
+                     "run_dir": os.path.dirname(summary_path), "curve": learning_curve(os.path.dirname(summary_path)),
+                     "args": summary["args"]})
         print(f"seed {seed}: sampled {summary['eval']['sampled']['mean']:.2f}, wall {wall:.1f}s", file=sys.stderr)
     table = {"command": "python benchmarks/results_table.py " + shlex.join(sys.argv[1:]), "cpu": cpu_name(),
              "rows": rows}

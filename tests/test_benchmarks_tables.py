@@ -97,3 +97,19 @@ def test_script_speed_refuses_bad_input_with_one_line_before_running_anything(
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [message.format(existing=existing, root=ROOT)]
     assert existing.read_text() == "{}" and os.listdir(tmp_path) == ["kept.json"]
+
+
+def test_commands_of_results_from_before_a_change_of_defaults_pin_the_earlier_values():
+    old = {"layer_norm": False, "sticky_action_prob": 0.0}
+    assert make_tables.pinned("python benchmarks/tune.py --out a.json", old) == (
+        "python benchmarks/tune.py --out a.json --ppo.no-layer-norm --ppo.sticky-action-prob 0.0")
+    assert make_tables.pinned("python benchmarks/tune.py --out a.json", None).endswith(
+        "--ppo.no-layer-norm --ppo.sticky-action-prob 0.0")  # older files do not record the fields
+    today = {"layer_norm": True, "sticky_action_prob": 0.1}
+    assert make_tables.pinned("python benchmarks/tune.py --out b.json", today) == (
+        "python benchmarks/tune.py --out b.json")
+    # A flag the command gives itself stays as it is; the script's flags go into --script-args.
+    assert make_tables.pinned("python benchmarks/tune.py --ppo.layer-norm", {"layer_norm": True}) == (
+        "python benchmarks/tune.py --ppo.layer-norm --ppo.sticky-action-prob 0.0")
+    assert make_tables.pinned("python benchmarks/results_table.py '--script-args=--seed 1'", None) == (
+        "python benchmarks/results_table.py '--script-args=--no-layer-norm --sticky-action-prob 0.0 --seed 1'")
