@@ -50,7 +50,7 @@ def test_the_final_evaluation_plays_minatar_protocol_past_gymnax_time_limit(monk
     pair = jax.tree.map(np.asarray, evaluate_pair(jax.random.key(0), {}, 0))  # gymnax's, MinAtar's
     assert [evaluation.EVALUATIONS[i][0] for i in evaluation.EVALUATION_PAIRS[0]] == ["", "sticky_0.1"]
     np.testing.assert_array_equal(pair.lengths, [[1000, 1000], [1200, 1200]])
-    assert pair.frames.shape[2] == 1002  # frames 0..1001: the GIF records gymnax's limit, not the bound
+    assert pair.frames.shape[2] == evaluation.RECORD_STEPS + 1  # frames 0..1001, not the bound's
 
 
 @pytest.mark.parametrize("env_id", GAMES)

@@ -161,6 +161,7 @@ def protocol_params(env_id: str, env_params: Any, protocol: str) -> Any:
 EVALUATIONS = [("", "sampled"), ("", "greedy"), ("sticky_0.1", "sampled"), ("sticky_0.1", "greedy")]
 EVALUATION_PAIRS = [(0, 2), (1, 3)]
 PROTOCOL_OF = {"": "gymnax", "sticky_0.1": "minatar"}
+RECORD_STEPS = 1001  # the GIF's frames per episode, at most: a 1000-step episode whole
 
 
 def make_evaluate_pair(env: Any, env_id: str, env_params: Any, policy_apply: Callable, num_episodes: int,
@@ -168,7 +169,7 @@ def make_evaluate_pair(env: Any, env_id: str, env_params: Any, policy_apply: Cal
     """A program that plays `EVALUATION_PAIRS[pair]`, split over up to two devices, each evaluation with
     the same key, so each gives the numbers it gives alone. Compiled once and called per pair, so the
     host can read the first pair while the second plays. `env_params` must have a `sticky_action_prob`
-    field (ppo_breakout.StickyParams). The GIF's episodes are recorded for gymnax's time limit."""
+    field (ppo_breakout.StickyParams). The GIF's episodes are recorded for RECORD_STEPS steps."""
     mesh = Mesh(np.array(jax.devices()[:min(num_devices, 2)]), ("data",))
     protocols = [[protocol_params(env_id, env_params, PROTOCOL_OF[EVALUATIONS[i][0]]) for i in pair]
                  for pair in EVALUATION_PAIRS]
@@ -182,7 +183,7 @@ def make_evaluate_pair(env: Any, env_id: str, env_params: Any, policy_apply: Cal
                 sticky_action_prob=config[1],
                 env_params=env_params.env_params.replace(max_steps_in_episode=config[2])),
             policy_apply=policy_apply, num_episodes=num_episodes, max_steps=int(limits.max()) + 1,
-            num_recorded=min(8, num_episodes), record_steps=env_params.env_params.max_steps_in_episode + 1),
+            num_recorded=min(8, num_episodes), record_steps=RECORD_STEPS),
             (greedy, sticky, limit))
 
     evaluate_split = jax.shard_map(evaluate_share, mesh=mesh, in_specs=(P(), P(), *[P("data")] * 3),

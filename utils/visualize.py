@@ -121,7 +121,7 @@ def play_gif_of(sampled, sticky, env_id: str) -> bytes | None:
     played = [(sampled, 0), (sampled, other), (sticky, 0)]
     episodes = [result.frames[i, :result.lengths[i] + 1] for result, i in played]
     ends = [f"over at {result.lengths[i]}" if result.lengths[i] < result.frames.shape[1]
-            else f"{len(episode) - 1} of {result.lengths[i]} steps shown" for (result, i), episode
+            else f"{len(episode) - 1} of {result.lengths[i]}" for (result, i), episode
             in zip(played, episodes)]
     titles = ["episode 1", "episode 2", "sticky 0.1"]
     if env_id == "Breakout-MinAtar":
