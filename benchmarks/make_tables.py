@@ -425,6 +425,40 @@ def breakout_10m_table() -> str:
     return "\n".join(lines)
 
 
+def games_10m_table() -> str:
+    """Today's defaults at 10M steps, per game measured (harness seeds): each seed's return under both
+    protocols, the mean with its interval, the published PPO number beside it."""
+    from benchmarks import aggregate
+    lines = ["| game | seeds | gymnax's protocol, per seed | mean [95% CI] | published | "
+             "MinAtar's protocol, per seed | mean [95% CI] | published |",
+             "|---|---:|---|---:|---:|---|---:|---:|"]
+    for game in aggregate.GAMES:
+        path = os.path.join(ROOT, RESULTS, "screen", f"stickyln__{game}__10000000.json")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            result = json.load(f)
+        cells = [game, str(len(result["seeds"]))]
+        for column, key in enumerate(("eval_returns", "eval_returns_minatar")):
+            returns = np.array(result[key])
+            cells += [", ".join(f"{r:.1f}" for r in returns),
+                      ci({"value": returns.mean(), "ci": stats.bootstrap_ci(returns, stats.mean)}),
+                      f"{aggregate.PUBLISHED[game][column]:g}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def games_10m_commands() -> str:
+    from benchmarks import aggregate
+    commands = []
+    for game in aggregate.GAMES:
+        path = os.path.join(ROOT, RESULTS, "screen", f"stickyln__{game}__10000000.json")
+        if os.path.exists(path):
+            result = load("screen", os.path.basename(path))
+            commands.append(pinned(result["command"], result["ppo_args"]))
+    return "\n".join(["```bash", *commands, "```"])
+
+
 def screen_commands() -> str:
     commands = []
     for name in sorted(os.listdir(os.path.join(ROOT, RESULTS, "screen"))):
@@ -518,7 +552,8 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "search-sticky": lambda: search_table("search_sticky.json"),
           "games-screen": games_screen_table, "breakout-10m": breakout_10m_table,
           "defaults-speed": lambda: script_speed_table("script_speed_defaults.json"),
-          "screen-commands": screen_commands, "readme-games": readme_games_table,
+          "screen-commands": screen_commands, "games-10m": games_10m_table,
+          "games-10m-commands": games_10m_commands, "readme-games": readme_games_table,
           "readme-games-commands": readme_games_commands}
 
 
