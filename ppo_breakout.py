@@ -114,7 +114,7 @@ class Args:
     """save the final parameters to model.safetensors in the run directory"""
     load_model: str = ""
     """evaluate this model.safetensors instead of training (its header gives --env-id,
-    --hidden-sizes and --activation)"""
+    --hidden-sizes, --activation and --layer-norm)"""
     checkpoint_every: int = 5
     """write the whole training state to the run directory's checkpoint.safetensors every this many
     iterations and when the run stops (0: never)"""
@@ -184,7 +184,7 @@ ACTIVATIONS = {"crelu": (crelu, 1.0), "relu": (jax.nn.relu, np.sqrt(2))}
 
 
 def actor_critic(obs: jax.Array, num_actions: int, hidden_sizes: tuple[int, ...], activation: str,
-                 layer_norm: bool = False, return_features: bool = False):
+                 layer_norm: bool, return_features: bool = False):
     """(action logits, state values) of a batch of observations, and the torso's features if asked: one
     MLP torso on the flattened grid, shared by the policy and value heads (why: docs/tuning.md)."""
     # Orthogonal init (Engstrom et al. 2020): 0.01 on the policy head, so the first policy is near uniform.
