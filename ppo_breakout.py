@@ -1,9 +1,14 @@
-"""PPO actor-critic for Gymnax's MinAtar Breakout, in JAX with Haiku, RLax and Optax.
+"""PPO actor-critic for Gymnax's MinAtar games (Breakout by default), in JAX with Haiku, RLax and
+Optax.
 
-One jitted `update_step` is a whole PPO iteration: a `lax.scan` rollout of vmapped environments, GAE,
-and `update_epochs` x `num_minibatches` gradient steps on the clipped surrogate loss, its ratio formed
-from log-probabilities (see loss_stability.py). The Python loop around it only logs; at the end the
-final policy is evaluated, drawn and saved.
+One jitted `update_step` is a whole PPO iteration: a `lax.scan` rollout of vmapped environments,
+GAE, and `update_epochs` x `num_minibatches` gradient steps on the clipped surrogate loss, its ratio
+formed from log-probabilities (see loss_stability.py). The Python loop around it only logs; at the
+end the final policy is evaluated, drawn and saved.
+
+Read it top to bottom: arguments, environment, network, rollout, GAE, loss, update, metrics. Then
+come the machinery a learner may skip: the devices, the checks of the arguments, the training
+loop's logging, checkpoints and main's phases.
 
 Run:  python ppo_breakout.py --total-timesteps 1000000
 Docs: docs/ppo_breakout.md
@@ -21,18 +26,13 @@ import sys
 import time
 from typing import Any, Literal, NamedTuple
 
-# JAX's CPU backend is one device unless told otherwise; one per core lets the data-parallel update
-# (see "Data parallel" below) use every core. It must be set before JAX starts.
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                                                  else os.cpu_count() or 1))
-# The garbage collector is off while the imports load; their ~650k long-lived objects are then frozen
-# out of later collections (gc.freeze below), so that no collection walks them again (docs: Speed).
-gc.disable()
+if __name__ == "__main__":  # as a script, JAX's CPU backend gets one device per core (see main)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(cores or 1))
 
 import gymnax
 import haiku as hk
 import jax
-import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -43,11 +43,7 @@ from gymnax.wrappers.purerl import GymnaxWrapper
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from utils import checkpoint, cli, diagnostics, visualize
-from utils.evaluation import make_evaluate_pair
-
-gc.freeze()
-gc.enable()
+from utils import checkpoint, cli, diagnostics, evaluation, visualize
 
 
 @dataclasses.dataclass
@@ -93,23 +89,24 @@ class Args:
     activation: Literal["crelu", "relu"] = "crelu"
     """the torso's activation: crelu passes [relu(x), relu(-x)] on, twice the layer's width"""
     layer_norm: bool = True
-    """normalize each torso layer's pre-activations (LayerNorm, as PQN does): it keeps long runs from
-    collapsing (docs/tuning.md)"""
+    """normalize each torso layer's pre-activations (LayerNorm, as PQN does): it keeps long runs
+    from collapsing (docs/tuning.md)"""
     ratio: Literal["log", "direct"] = "log"
-    """PPO's probability ratio: log, exp(log pi - log pi_old); direct, pi / pi_old as the paper writes it"""
+    """PPO's probability ratio: log, exp(log pi - log pi_old); direct, pi / pi_old as the paper
+    writes it"""
     sticky_action_prob: float = 0.1
-    """probability that the game repeats its previous action in training, as in MinAtar (0 for gymnax's
-    games as they are)"""
+    """probability that the game repeats its previous action in training, as in MinAtar (0 for
+    gymnax's games as they are)"""
     diagnostics: bool = True
     """log the diagnostics/ scalars and histograms/ of each iteration's rollout and update"""
     eval_episodes: int = 256
     """the number of complete episodes the final policy is evaluated on, per protocol and policy"""
     num_devices: int = 0
-    """devices the environments are split across (0: the most, up to 8, that divide the batch); a seed
-    replays the same run only with the same count"""
+    """devices the environments are split across (0: the most, up to 8, that divide the batch);
+    the count changes where the work runs, not the run (up to floating-point rounding)"""
     jax_cache_dir: str = "~/.cache/jax-ppo"
-    """JAX's persistent compilation cache, so a rerun skips compiling; at most 1 GiB, in a directory no
-    uncapped JAX program writes to ("" turns it off)"""
+    """JAX's persistent compilation cache, so a rerun skips compiling; at most 1 GiB, in a
+    directory no uncapped JAX program writes to ("" turns it off)"""
     save_model: bool = True
     """save the final parameters to model.safetensors in the run directory"""
     load_model: str = ""
@@ -132,9 +129,9 @@ class Args:
     """the number of PPO iterations, total_timesteps // batch_size"""
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Environment: gymnax, with MinAtar's sticky actions
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 @struct.dataclass
 class StickyParams:
     env_params: Any
@@ -163,7 +160,8 @@ class StickyActions(GymnaxWrapper):
             action = jnp.where(repeat, state.last_action, action)
         obs, env_state, reward, terminated, truncated, info = self._env.step(
             key, state.env_state, action, params.env_params)
-        return obs, StickyState(env_state=env_state, last_action=action), reward, terminated, truncated, info
+        state = StickyState(env_state=env_state, last_action=action)
+        return obs, state, reward, terminated, truncated, info
 
 
 def make_env(env_id: str, sticky_action_prob: float) -> tuple[StickyActions, StickyParams]:
@@ -171,35 +169,42 @@ def make_env(env_id: str, sticky_action_prob: float) -> tuple[StickyActions, Sti
     return StickyActions(env), StickyParams(env_params, sticky_action_prob)
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Network
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def crelu(x: jax.Array) -> jax.Array:
-    """Concatenated ReLU, [relu(x), relu(-x)]: every unit passes its input on, one half or the other."""
+    """Concatenated ReLU, [relu(x), relu(-x)]: every unit passes its input on, in one half or the
+    other."""
     return jnp.concatenate([jax.nn.relu(x), jax.nn.relu(-x)], axis=-1)
 
 
-# Each activation with its layers' orthogonal-init gain: ReLU zeroes about half its input, hence sqrt(2).
+# Each activation with its layers' orthogonal-init gain: ReLU zeroes about half its input, hence
+# sqrt(2).
 ACTIVATIONS = {"crelu": (crelu, 1.0), "relu": (jax.nn.relu, np.sqrt(2))}
 
 
 def actor_critic(obs: jax.Array, num_actions: int, hidden_sizes: tuple[int, ...], activation: str,
                  layer_norm: bool, return_features: bool = False):
-    """(action logits, state values) of a batch of observations, and the torso's features if asked: one
-    MLP torso on the flattened grid, shared by the policy and value heads (why: docs/tuning.md)."""
-    # Orthogonal init (Engstrom et al. 2020): 0.01 on the policy head, so the first policy is near uniform.
+    """(action logits, state values) of a batch of observations, and the torso's features if
+    asked: one MLP torso on the flattened grid, shared by the policy and value heads (why:
+    docs/tuning.md)."""
+    # Orthogonal init (Engstrom et al. 2020): 0.01 on the policy head, so the first policy is near
+    # uniform.
     act, gain = ACTIVATIONS[activation]
     x = obs.reshape(obs.shape[0], -1)
     features = []
     for i, width in enumerate(hidden_sizes):
         x = hk.Linear(width, w_init=hk.initializers.Orthogonal(scale=gain), name=f"torso_{i}")(x)
         if layer_norm:
-            x = hk.LayerNorm(axis=-1, create_scale=True, create_offset=True, name=f"torso_norm_{i}")(x)
+            x = hk.LayerNorm(axis=-1, create_scale=True, create_offset=True,
+                             name=f"torso_norm_{i}")(x)
         x = act(x)
         features.append(x)
     logits = hk.Linear(num_actions, w_init=hk.initializers.Orthogonal(scale=0.01), name="policy")(x)
     value = hk.Linear(1, w_init=hk.initializers.Orthogonal(scale=1.0), name="value")(x)[:, 0]
-    return (logits, value, jnp.concatenate(features, axis=-1)) if return_features else (logits, value)
+    if return_features:
+        return logits, value, jnp.concatenate(features, axis=-1)
+    return logits, value
 
 
 def make_network(num_actions: int, hidden_sizes: tuple[int, ...], activation: str,
@@ -209,9 +214,9 @@ def make_network(num_actions: int, hidden_sizes: tuple[int, ...], activation: st
         layer_norm=layer_norm)))
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Containers for the state that flows through jit and scan
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 class TrainState(NamedTuple):
     params: hk.Params
     opt_state: optax.OptState
@@ -234,10 +239,10 @@ class Transition(NamedTuple):
     reward: jax.Array  # r_{t+1}
     terminated: jax.Array  # the episode ended for good: no future value
     truncated: jax.Array  # the time limit cut the episode: the future value is v(final_obs)
-    final_value: jax.Array  # v(final_obs) where truncated, else 0; final_obs is o_{t+1} before auto-reset
+    final_value: jax.Array  # v(final_obs) where truncated, else 0 (final_obs: o_{t+1} before reset)
     episode_return: jax.Array  # return of the episode that ended at this step (0 if none ended)
     episode_length: jax.Array  # length of the episode that ended at this step (0 if none ended)
-    active_units: jax.Array  # (num_features,) torso features that fired in some environment (for diagnostics)
+    active_units: jax.Array  # (num_features,) torso features that fired in some environment
 
 
 class Batch(NamedTuple):
@@ -249,9 +254,9 @@ class Batch(NamedTuple):
     target: jax.Array  # lambda-return, the value target
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Rollout, GAE, losses, update
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def collect_trajectories(runner: RunnerState, env, env_params, network: hk.Transformed,
                          num_steps: int) -> tuple[RunnerState, Transition]:
     """Steps all environments `num_steps` times with the current policy (a `lax.scan` over time)."""
@@ -259,7 +264,8 @@ def collect_trajectories(runner: RunnerState, env, env_params, network: hk.Trans
 
     def env_step(runner: RunnerState, _) -> tuple[RunnerState, Transition]:
         key, action_key, step_key = jax.random.split(runner.key, 3)
-        logits, value, features = network.apply(runner.train_state.params, runner.obs, return_features=True)
+        params = runner.train_state.params
+        logits, value, features = network.apply(params, runner.obs, return_features=True)
         action = jax.random.categorical(action_key, logits)
         obs, env_state, reward, terminated, truncated, info = vmap_step(
             jax.random.split(step_key, runner.obs.shape[0]), runner.env_state, action, env_params)
@@ -268,13 +274,16 @@ def collect_trajectories(runner: RunnerState, env, env_params, network: hk.Trans
         # pass runs only on steps where some environment hit it.
         final_value = jax.lax.cond(
             truncated.any(),
-            lambda: jnp.where(truncated, network.apply(runner.train_state.params, info["final_observation"])[1], 0.0),
+            lambda: jnp.where(truncated, network.apply(params, info["final_observation"])[1], 0.0),
             lambda: jnp.zeros_like(value))
-        episode_return, episode_length = runner.episode_return + reward, runner.episode_length + 1
+        episode_return = runner.episode_return + reward
+        episode_length = runner.episode_length + 1
         transition = Transition(
-            obs=runner.obs, action=action, logits=logits, value=value, reward=reward, terminated=terminated,
-            truncated=truncated, final_value=final_value, episode_return=jnp.where(done, episode_return, 0.0),
-            episode_length=jnp.where(done, episode_length, 0), active_units=(features > 0).any(axis=0))
+            obs=runner.obs, action=action, logits=logits, value=value, reward=reward,
+            terminated=terminated, truncated=truncated, final_value=final_value,
+            episode_return=jnp.where(done, episode_return, 0.0),
+            episode_length=jnp.where(done, episode_length, 0),
+            active_units=(features > 0).any(axis=0))
         runner = runner._replace(env_state=env_state, obs=obs, key=key,
                                  episode_return=jnp.where(done, 0.0, episode_return),
                                  episode_length=jnp.where(done, 0, episode_length))
@@ -285,14 +294,15 @@ def collect_trajectories(runner: RunnerState, env, env_params, network: hk.Trans
 
 def calculate_gae(traj: Transition, last_value: jax.Array, gamma: float,
                   gae_lambda: float) -> tuple[jax.Array, jax.Array]:
-    """Advantages and lambda-returns, (num_steps, num_envs) each. A terminated step's future is worth 0;
-    a truncated one's is v(final_obs), folded into its reward with the discount cut there, so rlax's GAE
-    sees both as an ordinary episode end (Pardo et al. 2018, "Time Limits in RL")."""
+    """Advantages and lambda-returns, (num_steps, num_envs) each. A terminated step's future is
+    worth 0; a truncated one's is v(final_obs), folded into its reward with the discount cut there,
+    so rlax's GAE sees both as an ordinary episode end (Pardo et al. 2018, "Time Limits in RL")."""
     bootstrap = traj.truncated & ~traj.terminated
     r_t = traj.reward + gamma * jnp.where(bootstrap, traj.final_value, 0.0)
     discount_t = gamma * (1.0 - (traj.terminated | traj.truncated))
     values = jnp.concatenate([traj.value, last_value[None]], axis=0)
-    gae = jax.vmap(rlax.truncated_generalized_advantage_estimation, in_axes=(1, 1, None, 1), out_axes=1)
+    gae = jax.vmap(rlax.truncated_generalized_advantage_estimation, in_axes=(1, 1, None, 1),
+                   out_axes=1)  # over the environments
     advantages = gae(r_t, discount_t, gae_lambda, values)
     return advantages, advantages + traj.value
 
@@ -304,8 +314,9 @@ def log_prob(logits: jax.Array, actions: jax.Array) -> jax.Array:
 
 def policy_loss(logits: jax.Array, old_logits: jax.Array, actions: jax.Array, advantages: jax.Array,
                 clip_coef: float, ratio: str = "log") -> tuple[jax.Array, jax.Array]:
-    """PPO's clipped surrogate loss, and the log-ratio. The ratio pi/pi_old is formed in log space: as a
-    division of probabilities it turns 0/0 once logits are far apart (ratio="direct" does that)."""
+    """PPO's clipped surrogate loss, and the log-ratio. The ratio pi/pi_old is formed in log space:
+    as a division of probabilities it turns 0/0 once logits are far apart (ratio="direct" does
+    that)."""
     if ratio == "log":
         log_ratio = log_prob(logits, actions) - log_prob(old_logits, actions)
         prob_ratio = jnp.exp(log_ratio)
@@ -328,147 +339,180 @@ def value_loss(values: jax.Array, old_values: jax.Array, targets: jax.Array,
 
 def ppo_loss(params: hk.Params, network: hk.Transformed, mb: Batch,
              args: Args) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """PPO's loss on a minibatch: clipped surrogate - entropy bonus + value loss. Its terms and the
+    log-ratios come back for the iteration's metrics."""
     logits, values = network.apply(params, mb.obs)
-    pg_loss, log_ratio = policy_loss(logits, mb.logits, mb.action, mb.advantage, args.clip_coef, args.ratio)
+    pg_loss, log_ratio = policy_loss(logits, mb.logits, mb.action, mb.advantage, args.clip_coef,
+                                     args.ratio)
     v_loss = value_loss(values, mb.value, mb.target, args.clip_coef, args.clip_vloss)
     entropy = -jnp.sum(jax.nn.softmax(logits) * jax.nn.log_softmax(logits), axis=-1).mean()
     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-    ratio = jnp.exp(log_ratio)
-    metrics = {
-        "policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy,
-        # The low-variance KL estimator k3 = (r - 1) - log r (http://joschu.net/blog/kl-approx.html).
-        "approx_kl": jnp.mean((ratio - 1.0) - log_ratio),
-        "clipfrac": jnp.mean(jnp.abs(ratio - 1.0) > args.clip_coef),
-        "log_ratio_min": log_ratio.min(), "log_ratio_max": log_ratio.max(),
-    }
-    if args.diagnostics:  # a histogram with fixed edges, so the minibatches' counts add up
-        metrics["log_ratio_counts"] = diagnostics.bin_counts(log_ratio, -diagnostics.LOG_RATIO_RANGE,
-                                                             diagnostics.LOG_RATIO_RANGE)
-    return loss, metrics
+    return loss, {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy,
+                  "log_ratio": log_ratio}
 
 
 def make_optimizer(args: Args) -> optax.GradientTransformation:
     """Adam behind global-norm clipping, its learning rate annealed linearly to 0 over all updates
     (`inject_hyperparams` keeps the current rate in the state, for logging)."""
     num_updates = args.num_iterations * args.update_epochs * args.num_minibatches
-    learning_rate = (optax.linear_schedule(args.learning_rate, 0.0, num_updates) if args.anneal_lr
-                     else args.learning_rate)
-    return optax.chain(optax.clip_by_global_norm(args.max_grad_norm),
-                       optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate, eps=1e-5))
+    learning_rate = args.learning_rate
+    if args.anneal_lr:
+        learning_rate = optax.linear_schedule(args.learning_rate, 0.0, num_updates)
+    adam = optax.inject_hyperparams(optax.adam)(learning_rate=learning_rate, eps=1e-5)
+    return optax.chain(optax.clip_by_global_norm(args.max_grad_norm), adam)
 
 
 def init_runner(key: jax.Array, env, env_params, network: hk.Transformed,
                 optimizer: optax.GradientTransformation, num_envs: int) -> RunnerState:
     key, init_key, reset_key = jax.random.split(key, 3)
-    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, num_envs), env_params)
+    reset_keys = jax.random.split(reset_key, num_envs)
+    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(reset_keys, env_params)
     params = network.init(init_key, obs)
-    return RunnerState(train_state=TrainState(params, optimizer.init(params)), env_state=env_state, obs=obs,
-                       episode_return=jnp.zeros(num_envs), episode_length=jnp.zeros(num_envs, jnp.int32), key=key)
+    return RunnerState(train_state=TrainState(params, optimizer.init(params)),
+                       env_state=env_state, obs=obs, episode_return=jnp.zeros(num_envs),
+                       episode_length=jnp.zeros(num_envs, jnp.int32), key=key)
 
 
 def update_minibatch(train_state: TrainState, mb: Batch, network: hk.Transformed,
-                     optimizer: optax.GradientTransformation, args: Args, axis_name: str | None = None):
-    """One gradient step on a minibatch (under `axis_name`, on this device's share of it: the devices
-    average the advantage moments and the gradient, so the step is the one-device step)."""
+                     optimizer: optax.GradientTransformation, args: Args):
+    """One gradient step on a minibatch; its loss terms and gradient norm come back."""
     if args.norm_adv:
-        mean, mean_sq = over_devices(jax.lax.pmean, jnp.stack([mb.advantage.mean(), jnp.square(mb.advantage).mean()]),
-                                     axis_name)
+        mean = mb.advantage.mean()
+        mean_sq = jnp.square(mb.advantage).mean()
         std = jnp.sqrt(jnp.maximum(mean_sq - jnp.square(mean), 0.0))
         mb = mb._replace(advantage=(mb.advantage - mean) / (std + 1e-8))
-    grads, metrics = jax.grad(ppo_loss, has_aux=True)(train_state.params, network, mb, args)
-    flat_grads, unravel = jax.flatten_util.ravel_pytree(grads)
-    flat_grads = over_devices(jax.lax.pmean, flat_grads, axis_name)  # one mean for the whole gradient
-    metrics["grad_norm"] = jnp.linalg.norm(flat_grads)  # before clipping
-    updates, opt_state = optimizer.update(unravel(flat_grads), train_state.opt_state, train_state.params)
-    return TrainState(optax.apply_updates(train_state.params, updates), opt_state), metrics
+    grads, info = jax.grad(ppo_loss, has_aux=True)(train_state.params, network, mb, args)
+    info["grad_norm"] = optax.tree.norm(grads)  # before clipping
+    updates, opt_state = optimizer.update(grads, train_state.opt_state, train_state.params)
+    return TrainState(optax.apply_updates(train_state.params, updates), opt_state), info
 
 
 def make_update_step(args: Args, env, env_params, network: hk.Transformed,
-                     optimizer: optax.GradientTransformation, axis_name: str | None = None):
-    """The function that runs one PPO iteration on a RunnerState; the caller jits it. Sizes are read from
-    the arrays, so under `axis_name` (see make_parallel_update_step) they are one device's share."""
+                     optimizer: optax.GradientTransformation, layout=lambda rows: rows):
+    """The function that runs one PPO iteration on a RunnerState; the caller jits it. `layout`
+    places each epoch's minibatch rows (the identity unless "Data parallel" below passes one)."""
     def update_epoch(train_state: TrainState, key: jax.Array, batch: Batch):
-        # A fresh permutation every epoch, cut into minibatches of indices; each step gathers its rows.
-        order = jax.random.permutation(key, batch.action.shape[0]).reshape(args.num_minibatches, -1)
-        minibatch_step = lambda state, mb_indices: update_minibatch(  # noqa: E731
-            state, jax.tree.map(lambda x: x[mb_indices], batch), network, optimizer, args, axis_name)
-        return jax.lax.scan(minibatch_step, train_state, order)
+        # A fresh permutation every epoch, cut into minibatches of row indices; each step gathers
+        # its rows, so no shuffled copy of the batch is made.
+        order = jax.random.permutation(key, args.batch_size).reshape(args.num_minibatches, -1)
+
+        def minibatch_step(train_state: TrainState, rows: jax.Array):
+            mb = jax.tree.map(lambda x: x[rows], batch)
+            return update_minibatch(train_state, mb, network, optimizer, args)
+
+        return jax.lax.scan(minibatch_step, train_state, layout(order))
 
     def update_step(runner: RunnerState) -> tuple[RunnerState, dict[str, jax.Array]]:
         next_key, rollout_key, epochs_key = jax.random.split(runner.key, 3)
-        if axis_name is not None:  # each device its own actions, env randomness and minibatch order
-            device = jax.lax.axis_index(axis_name)
-            rollout_key, epochs_key = jax.random.fold_in(rollout_key, device), jax.random.fold_in(epochs_key, device)
-        runner, traj = collect_trajectories(runner._replace(key=rollout_key), env, env_params, network, args.num_steps)
+        runner, traj = collect_trajectories(runner._replace(key=rollout_key), env, env_params,
+                                            network, args.num_steps)
         _, last_value = network.apply(runner.train_state.params, runner.obs)
         advantages, targets = calculate_gae(traj, last_value, args.gamma, args.gae_lambda)
         flatten = lambda x: x.reshape(-1, *x.shape[2:])  # (T, N, ...) -> (T * N, ...)  # noqa: E731
-        batch = jax.tree.map(flatten, Batch(obs=traj.obs, action=traj.action, logits=traj.logits, value=traj.value,
-                                            advantage=advantages, target=targets))
-        train_state, loss_metrics = jax.lax.scan(functools.partial(update_epoch, batch=batch), runner.train_state,
-                                                 jax.random.split(epochs_key, args.update_epochs))
+        batch = jax.tree.map(flatten, Batch(obs=traj.obs, action=traj.action, logits=traj.logits,
+                                            value=traj.value, advantage=advantages, target=targets))
+        epoch_keys = jax.random.split(epochs_key, args.update_epochs)
+        train_state, infos = jax.lax.scan(functools.partial(update_epoch, batch=batch),
+                                          runner.train_state, epoch_keys)
         runner = runner._replace(train_state=train_state, key=next_key)
-
-        update_stats = {name: loss_metrics.pop(name) for name in ("log_ratio_min", "log_ratio_max", "log_ratio_counts")
-                        if name in loss_metrics}
-        # Means over epochs x minibatches (and devices, in one reduction), with the moments of explained variance.
-        error = batch.target - batch.value
-        means = over_devices(jax.lax.pmean, jnp.stack([value.mean() for value in loss_metrics.values()] + [
-            error.mean(), jnp.square(error).mean(), batch.target.mean(), jnp.square(batch.target).mean()]), axis_name)
-        metrics = dict(zip(loss_metrics, means))
-        error_mean, error_sq, target_mean, target_sq = means[-4:]
-        metrics["explained_variance"] = 1.0 - (error_sq - error_mean**2) / (target_sq - target_mean**2)
-        metrics["learning_rate"] = optax.tree_utils.tree_get(  # the rate of the last update
-            train_state.opt_state, "learning_rate", filtering=lambda _, value: isinstance(value, jax.Array))
-        done = traj.terminated | traj.truncated
-        metrics["episodes"], metrics["episode_length_sum"] = over_devices(
-            jax.lax.psum, jnp.stack([done.sum(), traj.episode_length.sum()]), axis_name)
-        metrics["episode_return_sum"] = over_devices(jax.lax.psum, traj.episode_return.sum(), axis_name)
-        # One flag for the host's non-finite guard: every loss term, gradient norm and parameter.
-        metrics["finite"] = (jnp.isfinite(jax.flatten_util.ravel_pytree(train_state.params)[0]).all()
-                             & jnp.all(jnp.stack([jnp.isfinite(v).all() for v in loss_metrics.values()])))
-        if args.diagnostics:
-            metrics.update(diagnostics.training_diagnostics(batch, traj.active_units.any(axis=0), update_stats,
-                                                            functools.partial(over_devices, axis_name=axis_name)))
-        return runner, metrics
+        return runner, iteration_metrics(args, traj, batch, infos, train_state)
 
     return update_step
 
 
-# ---------------------------------------------------------------------------------------------------
-# Data parallel: the same update on a 1-D mesh of devices, each stepping its share of the environments
-# ---------------------------------------------------------------------------------------------------
-def over_devices(collective, x, axis_name: str | None):
-    """`collective` (jax.lax.pmean, psum or pmax) of `x` over the devices; `x` itself on one device."""
-    return x if axis_name is None else collective(x, axis_name)
+# --------------------------------------------------------------------------------------------------
+# Metrics: what an iteration logs, from its rollout, batch and the update's per-minibatch terms
+# --------------------------------------------------------------------------------------------------
+def loss_metrics(infos: dict[str, jax.Array], clip_coef: float) -> dict[str, jax.Array]:
+    """Means over epochs x minibatches of the loss terms and gradient norm, with the approximate KL
+    and the fraction of clipped ratios over all samples."""
+    metrics = {name: value.mean() for name, value in infos.items() if name != "log_ratio"}
+    log_ratio = infos["log_ratio"]
+    ratio = jnp.exp(log_ratio)
+    # The low-variance KL estimator k3 = (r - 1) - log r (http://joschu.net/blog/kl-approx.html).
+    metrics["approx_kl"] = jnp.mean((ratio - 1.0) - log_ratio)
+    metrics["clipfrac"] = jnp.mean(jnp.abs(ratio - 1.0) > clip_coef)
+    return metrics
 
 
-# Environments (and all that comes from them) split along "data"; parameters, optimizer state and key replicated.
-RUNNER_SPECS = RunnerState(train_state=TrainState(P(), P()), env_state=P("data"), obs=P("data"),
-                           episode_return=P("data"), episode_length=P("data"), key=P())
+def explained_variance(values: jax.Array, targets: jax.Array) -> jax.Array:
+    """1 - Var[target - value] / Var[target]: 1 is a perfect critic, 0 one that predicts the
+    mean."""
+    return 1.0 - jnp.var(targets - values) / jnp.var(targets)
+
+
+def episode_metrics(traj: Transition) -> dict[str, jax.Array]:
+    """How many episodes ended in the rollout, and their summed returns and lengths."""
+    done = traj.terminated | traj.truncated
+    return {"episodes": done.sum(), "episode_return_sum": traj.episode_return.sum(),
+            "episode_length_sum": traj.episode_length.sum()}
+
+
+def all_finite(params: hk.Params, losses: dict[str, jax.Array]) -> jax.Array:
+    """One flag for the host's non-finite guard: every parameter, loss term and gradient norm."""
+    leaves = jax.tree.leaves(params) + list(losses.values())
+    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves]))
+
+
+def iteration_metrics(args: Args, traj: Transition, batch: Batch, infos: dict[str, jax.Array],
+                      train_state: TrainState) -> dict[str, jax.Array]:
+    """Everything an iteration logs; `infos` holds each minibatch step's loss terms."""
+    losses = loss_metrics(infos, args.clip_coef)
+    metrics = losses | episode_metrics(traj)
+    metrics["explained_variance"] = explained_variance(batch.value, batch.target)
+    metrics["learning_rate"] = optax.tree_utils.tree_get(  # the rate of the last update
+        train_state.opt_state, "learning_rate", filtering=lambda _, x: isinstance(x, jax.Array))
+    metrics["finite"] = all_finite(train_state.params, losses)
+    if args.diagnostics:
+        active_units = traj.active_units.any(axis=0)
+        metrics |= diagnostics.training_diagnostics(batch, active_units, infos["log_ratio"])
+    return metrics
+
+
+# --------------------------------------------------------------------------------------------------
+# Data parallel: the one-device update, its environments split over the devices
+# --------------------------------------------------------------------------------------------------
+# The environments (and all that comes from them) are split along the mesh's "envs" axis; the
+# parameters, optimizer state and key are replicated.
+RUNNER_SPECS = RunnerState(train_state=TrainState(P(), P()), env_state=P("envs"), obs=P("envs"),
+                           episode_return=P("envs"), episode_length=P("envs"), key=P())
+
+
+def make_mesh(num_devices: int) -> Mesh:
+    return Mesh(np.array(jax.devices()[:num_devices]), ("envs",))
 
 
 def make_runner_shardings(mesh: Mesh) -> RunnerState:
-    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), RUNNER_SPECS, is_leaf=lambda x: isinstance(x, P))
+    is_spec = lambda x: isinstance(x, P)  # noqa: E731
+    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), RUNNER_SPECS, is_leaf=is_spec)
 
 
 def make_parallel_update_step(args: Args, env, env_params, network: hk.Transformed,
                               optimizer: optax.GradientTransformation, mesh: Mesh):
-    """`update_step` under `jax.shard_map`: each device its share of the environments and of every
-    minibatch (a stratified draw), all holding the same parameters throughout."""
-    # check_vma=False: with the check on, JAX would itself sum the replicated parameters' gradient over
-    # the devices, on top of update_minibatch's average. A test checks the parameters stay replicated.
-    return jax.jit(jax.shard_map(make_update_step(args, env, env_params, network, optimizer, axis_name="data"),
-                                 mesh=mesh, in_specs=(RUNNER_SPECS,), out_specs=(RUNNER_SPECS, P()), check_vma=False))
+    """The one-device `update_step`, jitted with its environments split over the mesh and each
+    minibatch's rows split the same way. XLA partitions the program and adds the reductions (the
+    gradient's mean, the metrics). JAX draws the same random numbers however an array is split, so
+    every device count runs the same algorithm on the same draws; only the order in which sums are
+    added differs (docs/ppo_breakout.md, Determinism)."""
+    split_rows = NamedSharding(mesh, P(None, "envs"))  # (minibatch, row): each device some rows
+
+    def layout(rows: jax.Array) -> jax.Array:
+        return jax.lax.with_sharding_constraint(rows, split_rows)
+
+    update_step = make_update_step(args, env, env_params, network, optimizer, layout)
+    runners = make_runner_shardings(mesh)
+    return jax.jit(update_step, in_shardings=(runners,),
+                   out_shardings=(runners, NamedSharding(mesh, P())))
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Arguments: checked before anything is compiled or written
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def check_args(args: Args) -> str | None:
     """What is wrong with `args`, or None; runs before anything is compiled or written."""
     flag = cli.flag
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs", "eval_episodes"):
+    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs",
+                 "eval_episodes"):
         if getattr(args, name) <= 0:
             return f"{flag(name)} must be positive, got {getattr(args, name)}"
     if not 0 <= args.seed < 2**32:  # jax.random.key takes a 32-bit seed
@@ -489,9 +533,10 @@ def check_args(args: Args) -> str | None:
         return f"--sticky-action-prob must be in [0, 1), got {args.sticky_action_prob}"
     if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
         return f"--hidden-sizes must be one or more positive widths, got {args.hidden_sizes}"
-    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", args.exp_name) or ".." in args.exp_name:
-        return (f"--exp-name must be a plain name of letters, digits, '_', '-' and '.' (no path, no '..', "
-                f"at most 100 characters), got {args.exp_name!r}")
+    plain_name = re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", args.exp_name)
+    if not plain_name or ".." in args.exp_name:
+        return (f"--exp-name must be a plain name of letters, digits, '_', '-' and '.' (no path, "
+                f"no '..', at most 100 characters), got {args.exp_name!r}")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         return (f"the batch (num_envs * num_steps = {batch_size}) does not divide into "
@@ -500,14 +545,16 @@ def check_args(args: Args) -> str | None:
         return (f"--total-timesteps {args.total_timesteps} is less than one batch "
                 f"(num_envs * num_steps = {batch_size})")
     num_updates = args.total_timesteps // batch_size * args.update_epochs * args.num_minibatches
-    if num_updates >= 2**31:  # optax counts gradient steps (schedule, Adam's bias correction) in int32
+    if num_updates >= 2**31:  # optax counts gradient steps (schedule, Adam's bias fix) in int32
         return (f"{num_updates:,} gradient steps (--total-timesteps / batch x --update-epochs x "
                 f"--num-minibatches) is more than the optimizer can count ({2**31 - 1:,})")
     if args.num_devices < 0:
         return f"--num-devices must be 0 (automatic) or positive, got {args.num_devices}"
     if args.num_devices > len(jax.devices()):
-        return f"--num-devices {args.num_devices} is more than the {len(jax.devices())} devices JAX has"
-    if args.num_devices and (args.num_envs % args.num_devices or batch_size // args.num_minibatches % args.num_devices):
+        return (f"--num-devices {args.num_devices} is more than the {len(jax.devices())} devices "
+                f"JAX has")
+    minibatch_size = batch_size // args.num_minibatches
+    if args.num_devices and (args.num_envs % args.num_devices or minibatch_size % args.num_devices):
         return (f"--num-devices {args.num_devices} must divide both --num-envs {args.num_envs} and "
                 f"the minibatch size {batch_size // args.num_minibatches}")
     cache_dir = os.path.expanduser(args.jax_cache_dir)
@@ -523,11 +570,12 @@ def check_args(args: Args) -> str | None:
     training, evaluation = estimate_memory_bytes(args, env, env_params)
     available = cli.available_memory_bytes()
     if training > available:
-        return (f"training would need about {training / 2**30:,.1f} GiB of memory (--num-envs x --num-steps, "
-                f"--hidden-sizes) and {available / 2**30:,.1f} GiB are available")
+        return (f"training would need about {training / 2**30:,.1f} GiB of memory (--num-envs x "
+                f"--num-steps, --hidden-sizes) and {available / 2**30:,.1f} GiB are available")
     if evaluation > available:
-        return (f"--eval-episodes {args.eval_episodes} would need about {evaluation / 2**30:,.1f} GiB of memory "
-                f"to play all episodes at once and {available / 2**30:,.1f} GiB are available")
+        return (f"--eval-episodes {args.eval_episodes} would need about "
+                f"{evaluation / 2**30:,.1f} GiB of memory to play all episodes at once and "
+                f"{available / 2**30:,.1f} GiB are available")
     return None
 
 
@@ -551,13 +599,19 @@ def take_saved_args(args: Args, given: set[str]) -> str | None:
 def estimate_memory_bytes(args: Args, env, env_params) -> tuple[int, int]:
     """Generous estimates of the peak memory of (training, evaluation): a few copies of what the
     rollout, a minibatch step and the evaluation's episodes hold at once."""
-    obs, state = jax.eval_shape(lambda: env.reset(jax.random.key(0), env_params))  # traced: nothing compiles
-    nbytes = lambda tree: sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa: E731
+    # Traced, not run: nothing compiles.
+    obs, state = jax.eval_shape(lambda: env.reset(jax.random.key(0), env_params))
+
+    def nbytes(tree) -> int:
+        return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
     layer_inputs = [math.prod(obs.shape)] + [2 * width for width in args.hidden_sizes]  # CReLU: 2x
     num_params = sum(i * o for i, o in zip(layer_inputs, [*args.hidden_sizes, env.num_actions + 1]))
-    features, sample = 4 * sum(layer_inputs), nbytes(obs) + 4 * (env.num_actions + 8)  # per sample
-    training = 4 * (args.num_envs * args.num_steps * sample + args.num_envs * (nbytes(state) + features)
-                    + args.num_envs * args.num_steps // args.num_minibatches * features + 8 * num_params)
+    features = 4 * sum(layer_inputs)  # bytes per sample
+    sample = nbytes(obs) + 4 * (env.num_actions + 8)
+    rollout = args.num_envs * args.num_steps * sample + args.num_envs * (nbytes(state) + features)
+    minibatch = args.num_envs * args.num_steps // args.num_minibatches * features
+    training = 4 * (rollout + minibatch + 8 * num_params)
     return training, 2 * args.eval_episodes * (2 * nbytes(obs) + nbytes(state) + features)
 
 
@@ -565,15 +619,17 @@ def fill_runtime_fields(args: Args) -> Args:
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
-    args.num_devices = args.num_devices or max(  # at most 8: only 1 and 2 were measured
-        n for n in range(1, min(len(jax.devices()), 8) + 1) if args.num_envs % n == 0 and args.minibatch_size % n == 0)
+    if not args.num_devices:  # at most 8: only 1, 2 and 4 were measured
+        fits = lambda n: args.num_envs % n == 0 and args.minibatch_size % n == 0  # noqa: E731
+        args.num_devices = max(n for n in range(1, min(len(jax.devices()), 8) + 1) if fits(n))
     return args
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Main: set up, compile, train (the loop only logs), evaluate, save
-# ---------------------------------------------------------------------------------------------------
-LOSS_METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac", "explained_variance")
+# --------------------------------------------------------------------------------------------------
+LOSS_METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac",
+                "explained_variance")
 CACHE_MAX_BYTES = 2**30  # a search compiles a program per setting: the cache must not fill the disk
 NETWORK_ARGS = ("env_id", "hidden_sizes", "activation", "layer_norm")  # in the model file's header
 
@@ -592,13 +648,19 @@ class Progress(NamedTuple):
     train_seconds: float
 
 
+class TrainResult(NamedTuple):
+    runner: RunnerState  # the state to keep: after a non-finite value, the one before it
+    status: str  # "completed", "interrupted" or "non_finite"
+    progress: Progress
+    non_finite: str | None  # the first metric found non-finite
+
+
 def train(args: Args, update_step, runner: RunnerState, writer: checkpoint.RunLog,
           stop: cli.StopSignals, start: Progress, save_checkpoint=None):
     """Runs and logs the iterations after `start`; stops early on a signal or a non-finite value;
-    calls save_checkpoint(runner, progress) every --checkpoint-every iterations. Returns the runner
-    to keep (on a non-finite value, the one before), the status, its Progress and the non-finite
-    metric."""
-    every_tenth, history = max(1, args.num_iterations // 10), start.history
+    calls save_checkpoint(runner, progress) every --checkpoint-every iterations."""
+    every_tenth = max(1, args.num_iterations // 10)
+    history = start.history
     recent_return = history.returns[-1] if history.returns else float("nan")
     elapsed = start.train_seconds
     train_start = time.time() - elapsed  # a resumed run's clock goes on from its checkpoint
@@ -606,8 +668,10 @@ def train(args: Args, update_step, runner: RunnerState, writer: checkpoint.RunLo
         previous = runner
         runner, metrics = update_step(runner)
         metrics = jax.device_get(metrics)  # the one host transfer per iteration
-        global_step, elapsed = iteration * args.batch_size, time.time() - train_start
-        scalars = {"charts/SPS": global_step / elapsed, "charts/learning_rate": metrics["learning_rate"]}
+        global_step = iteration * args.batch_size
+        elapsed = time.time() - train_start
+        scalars = {"charts/SPS": global_step / elapsed,
+                   "charts/learning_rate": metrics["learning_rate"]}
         if metrics["episodes"] > 0:  # only episodes that ended, never placeholders
             recent_return = metrics["episode_return_sum"] / metrics["episodes"]
             scalars["charts/episodic_return"] = recent_return
@@ -618,23 +682,28 @@ def train(args: Args, update_step, runner: RunnerState, writer: checkpoint.RunLo
         scalars |= {f"losses/{name}": metrics[name] for name in LOSS_METRICS}
         if args.diagnostics:
             scalars |= {f"diagnostics/{name}": metrics[name] for name in diagnostics.DIAGNOSTICS}
-            scalars |= {f"diagnostics/action_{a}_frequency": f for a, f in enumerate(metrics["action_frequency"])}
+            frequencies = enumerate(metrics["action_frequency"])
+            scalars |= {f"diagnostics/action_{a}_frequency": f for a, f in frequencies}
         # What is not finite stays out of TensorBoard: the guard below reports it.
-        visualize.log_scalars(writer, {tag: v for tag, v in scalars.items() if np.isfinite(v)}, global_step)
+        finite = {tag: v for tag, v in scalars.items() if np.isfinite(v)}
+        visualize.log_scalars(writer, finite, global_step)
         tenth = iteration % every_tenth == 0 or iteration == args.num_iterations
         if args.diagnostics and (tenth or iteration == 1):
             visualize.log_histograms(writer, metrics["histograms"], global_step)
         if not metrics["finite"]:
-            bad = next((f"losses/{name}" for name in LOSS_METRICS if not np.isfinite(metrics[name])),
-                       "diagnostics/grad_norm" if not np.isfinite(metrics["grad_norm"]) else "the parameters")
-            return previous, "non_finite", Progress(iteration - 1, history, elapsed), bad
+            bad = [f"losses/{name}" for name in LOSS_METRICS if not np.isfinite(metrics[name])]
+            if not np.isfinite(metrics["grad_norm"]):
+                bad.append("diagnostics/grad_norm")
+            progress = Progress(iteration - 1, history, elapsed)
+            return TrainResult(previous, "non_finite", progress, (bad + ["the parameters"])[0])
         if tenth:
-            print(f"step {global_step:>9,} | SPS {global_step / elapsed:>8,.0f} | episodic return {recent_return:6.2f}")
+            print(f"step {global_step:>9,} | SPS {global_step / elapsed:>8,.0f} | "
+                  f"episodic return {recent_return:6.2f}")
         if save_checkpoint and iteration % args.checkpoint_every == 0:
             save_checkpoint(runner, Progress(iteration, history, elapsed))
         if stop.received:
-            return runner, "interrupted", Progress(iteration, history, elapsed), None
-    return runner, "completed", Progress(args.num_iterations, history, elapsed), None
+            return TrainResult(runner, "interrupted", Progress(iteration, history, elapsed), None)
+    return TrainResult(runner, "completed", Progress(args.num_iterations, history, elapsed), None)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -711,140 +780,182 @@ def load_checkpoint(run_dir: str, like: RunnerState,
                             checkpoint.header_value(path, header, "train_seconds"))
 
 
-def main() -> None:
-    # Setup: arguments, environment, network, and the saved model if one is to be evaluated.
-    wall_start = time.time()
-    args = cli.parse_args(Args, check_args, __doc__.split("\n\n")[0], take_saved=take_saved_args)
-    if args.jax_cache_dir:  # cache every program, also those under JAX's 1 s default (such as the key splits)
+# --------------------------------------------------------------------------------------------------
+# Main's phases: set up, compile, train, evaluate, save
+# --------------------------------------------------------------------------------------------------
+class Training(NamedTuple):
+    """What the train phase starts from: the compiled update, the runner and how far it is."""
+    update_step: Any
+    runner: RunnerState
+    start: Progress
+
+
+def configure_jax(args: Args) -> None:
+    if args.jax_cache_dir:  # every program, also those under JAX's 1 s default (the key splits)
         jax.config.update("jax_compilation_cache_dir", os.path.expanduser(args.jax_cache_dir))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)  # oldest programs go first
-    env, env_params = make_env(args.env_id, args.sticky_action_prob)
-    network = make_network(env.action_space(env_params).n, args.hidden_sizes, args.activation,
-                           args.layer_norm)
-    runner_key, eval_key = jax.random.split(jax.random.key(args.seed))
+        jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)  # oldest go first
+
+
+def load_params(args: Args, env, env_params, network: hk.Transformed, key: jax.Array) -> hk.Params:
+    """The parameters of --load-model, checked against the network's shapes."""
+    obs = jax.eval_shape(env.reset, key, env_params)[0]
+    like = jax.ShapeDtypeStruct((1, *obs.shape), obs.dtype)
+    shapes = jax.eval_shape(network.init, key, like)
     network_args = {name: getattr(args, name) for name in NETWORK_ARGS}
-    training, start = not args.load_model, Progress(0, History([], [], []), 0.0)
-    if not training:
-        obs = jax.eval_shape(env.reset, runner_key, env_params)[0]
-        shapes = jax.eval_shape(network.init, runner_key, jax.ShapeDtypeStruct((1, *obs.shape), obs.dtype))
-        try:
-            params = checkpoint.load_model(args.load_model, network_args, shapes)
-        except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
-    fill_runtime_fields(args)
+    return cli.or_exit(checkpoint.load_model, args.load_model, network_args, shapes)
 
-    # Compile ahead of time, before the run directory exists and before the clock for SPS starts. One
-    # evaluation program serves both protocols and both policies: which pair it plays is its input.
-    compile_start = time.time()
-    if training:
-        optimizer = make_optimizer(args)
-        mesh = Mesh(np.array(jax.devices()[:args.num_devices]), ("data",))
-        init = jax.jit(functools.partial(init_runner, env=env, env_params=env_params,
-                                         network=network, optimizer=optimizer,
-                                         num_envs=args.num_envs),
-                       out_shardings=make_runner_shardings(mesh))
-        if args.resume:  # the checkpoint's state for a fresh one, read before anything is written
-            try:
-                runner, start = load_checkpoint(args.resume, jax.eval_shape(init, runner_key),
-                                                make_runner_shardings(mesh))
-            except ValueError as e:
-                print(f"error: {e}", file=sys.stderr)
-                sys.exit(2)
-        else:
-            runner = init(runner_key)
-        update_step = make_parallel_update_step(args, env, env_params, network, optimizer, mesh).lower(runner).compile()
-        params = runner.train_state.params
-    evaluate_pair, eval_mesh = make_evaluate_pair(env, args.env_id, env_params, lambda p, o: network.apply(p, o)[0],
-                                                  args.eval_episodes, args.num_devices)
-    replicated = NamedSharding(eval_mesh, P())
-    evaluate_pair = evaluate_pair.lower(eval_key, jax.device_put(params, replicated), 0).compile()
-    compile_seconds = time.time() - compile_start
 
-    run_dir = args.resume or cli.make_run_dir(f"{args.env_id}__{args.exp_name}__{args.seed}")
+def compile_training(args: Args, env, env_params, network: hk.Transformed,
+                     key: jax.Array) -> Training:
+    """The update compiled for --num-devices, and the runner it starts from: a fresh one, or the
+    checkpoint's of --resume."""
+    optimizer = make_optimizer(args)
+    mesh = make_mesh(args.num_devices)
+    init = jax.jit(functools.partial(init_runner, env=env, env_params=env_params,
+                                     network=network, optimizer=optimizer,
+                                     num_envs=args.num_envs),
+                   out_shardings=make_runner_shardings(mesh))
+    if args.resume:  # read before anything is written
+        like = jax.eval_shape(init, key)
+        runner, start = cli.or_exit(load_checkpoint, args.resume, like,
+                                    make_runner_shardings(mesh))
+    else:
+        runner = init(key)
+        start = Progress(0, History([], [], []), 0.0)
+    update_step = make_parallel_update_step(args, env, env_params, network, optimizer, mesh)
+    return Training(update_step.lower(runner).compile(), runner, start)
+
+
+def open_log(run_dir: str, args: Args, start: Progress) -> checkpoint.RunLog:
+    """The run's TensorBoard log; a resumed one starts where the checkpoint stopped, and
+    TensorBoard drops what was logged after it."""
     start_step = start.iteration * args.batch_size
-    # A resumed log starts where the checkpoint stopped: TensorBoard drops what was logged after it.
     purge_step = start_step + 1 if args.resume else None
     writer = checkpoint.RunLog(run_dir, start_step, purge_step)
     if not args.resume:
         writer.add_text("hyperparameters", "|param|value|\n|-|-|\n"
                         + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-    summary = {"status": "failed", "env_id": args.env_id, "seed": args.seed, "total_timesteps": args.total_timesteps,
-               "compile_seconds": compile_seconds}
+    return writer
+
+
+def run_training(args: Args, training: Training, writer: checkpoint.RunLog, run_dir: str,
+                 stop: cli.StopSignals, compile_seconds: float) -> tuple[TrainResult, dict]:
+    """Trains, checkpointing as it goes; the result and summary.json's training fields."""
+    start_step = training.start.iteration * args.batch_size
+    resumed = f"; resumed at step {start_step:,}" if args.resume else ""
+    print(f"{args.env_id}: {args.num_iterations} iterations of {args.batch_size} steps on "
+          f"{args.num_devices} device(s); compiled in {compile_seconds:.1f}s; "
+          f"logging to {run_dir}{resumed}")
+    save = None
+    if args.checkpoint_every:
+        save = functools.partial(save_checkpoint, run_dir, args, writer)
+    result = train(args, training.update_step, training.runner, writer, stop, training.start, save)
+    if save:  # the state it stopped in (after a non-finite value, the last finite one)
+        save(result.runner, result.progress)
+    iterations = result.progress.iteration
+    seconds = result.progress.train_seconds
+    step = iterations * args.batch_size
+    fields = {"status": result.status, "global_step": step, "iterations": iterations,
+              "train_seconds": seconds, "sps": step / seconds if step else 0.0}
     if args.resume:
-        summary["resumed_at_step"] = start_step
-    exit_code = 0
-    try:  # from here on, summary.json says how the run ended, whatever happens
-        with cli.StopSignals() as stop:
-            # Train.
-            if training:
-                resumed = f"; resumed at step {start_step:,}" if args.resume else ""
-                print(f"{args.env_id}: {args.num_iterations} iterations of {args.batch_size} steps on "
-                      f"{args.num_devices} device(s); compiled in {compile_seconds:.1f}s; "
-                      f"logging to {run_dir}{resumed}")
-                save = None
-                if args.checkpoint_every:
-                    save = functools.partial(save_checkpoint, run_dir, args, writer)
-                runner, status, progress, non_finite = train(args, update_step, runner, writer,
-                                                             stop, start, save)
-                if save:  # the state it stopped in (after a non-finite value, the last finite one)
-                    save(runner, progress)
-                iterations, history = progress.iteration, progress.history
-                params, global_step = runner.train_state.params, iterations * args.batch_size
-                summary.update(train_seconds=progress.train_seconds, iterations=iterations)
-                summary["sps"] = global_step / summary["train_seconds"] if global_step else 0.0
-            else:
-                print(f"{args.env_id}: evaluating {args.load_model}; compiled in {compile_seconds:.1f}s; "
-                      f"logging to {run_dir}")
-                status, non_finite, global_step = "completed", None, 0
-                summary["load_model"] = args.load_model
-            summary.update(status=status, global_step=global_step)
-            if status == "non_finite":
-                print(f"error: {non_finite} is non-finite in iteration {iterations + 1}; stopped and saved "
-                      f"the parameters from before it (step {global_step:,})", file=sys.stderr)
-                summary.update(non_finite=non_finite, non_finite_iteration=iterations + 1)
-                exit_code = 3
-            elif status == "interrupted":
-                print(f"interrupted at step {global_step:,}", file=sys.stderr)
+        fields["resumed_at_step"] = start_step
+    if result.status == "non_finite":
+        print(f"error: {result.non_finite} is non-finite in iteration {iterations + 1}; stopped "
+              f"and saved the parameters from before it (step {step:,})", file=sys.stderr)
+        fields.update(non_finite=result.non_finite, non_finite_iteration=iterations + 1)
+    elif result.status == "interrupted":
+        print(f"interrupted at step {step:,}", file=sys.stderr)
+    return result, fields
 
-            # Evaluate: the devices play the sampled pair while the host draws the learning curve (a call
-            # waits for a device that is still busy, so the greedy pair is queued after the drawing).
+
+def evaluate_and_draw(args: Args, play, params: hk.Params, history: History,
+                      writer: checkpoint.RunLog, run_dir: str, step: int) -> dict:
+    """Plays the final evaluations and draws them and the learning curve; summary.json's `eval`.
+    The devices play the sampled pair while the host draws the learning curve (a call waits for a
+    device that is still busy, so the greedy pair is queued after the drawing)."""
+    title = f"{args.env_id}, seed {args.seed}"
+    results = {"sampled": play(params, "sampled")}
+    if history.steps:
+        figure = visualize.learning_curve_figure(*history, title)
+        visualize.write_picture(writer, run_dir, "learning_curve.png", "charts/learning_curve",
+                                visualize.figure_to_png(figure), step)
+    results["greedy"] = play(params, "greedy")
+    return visualize.report_evaluations(results, writer, run_dir, step, f"{title}, step {step:,}",
+                                        args.env_id)
+
+
+def save_model(run_dir: str, args: Args, params: hk.Params, step: int) -> str:
+    path = os.path.join(run_dir, "model.safetensors")
+    network_args = {name: getattr(args, name) for name in NETWORK_ARGS}
+    checkpoint.save_model(path, params, network_args,
+                          {"global_step": str(step), "args": json.dumps(vars(args))})
+    return path
+
+
+def main() -> None:
+    # Set up: arguments, JAX, the environment, the network and the keys.
+    wall_start = time.time()
+    args = cli.parse_args(Args, check_args, __doc__.split("\n\n")[0], take_saved=take_saved_args)
+    configure_jax(args)
+    fill_runtime_fields(args)
+    env, env_params = make_env(args.env_id, args.sticky_action_prob)
+    network = make_network(env.action_space(env_params).n, args.hidden_sizes, args.activation,
+                           args.layer_norm)
+    runner_key, eval_key = jax.random.split(jax.random.key(args.seed))
+
+    # Compile ahead of time, before the run directory exists and before the clock for SPS starts.
+    compile_start = time.time()
+    training = None
+    if args.load_model:
+        params = load_params(args, env, env_params, network, runner_key)
+    else:
+        training = compile_training(args, env, env_params, network, runner_key)
+        params = training.runner.train_state.params
+    play = evaluation.compile_final_evaluation(
+        env, args.env_id, env_params, lambda p, o: network.apply(p, o)[0], args.eval_episodes,
+        args.num_devices, eval_key, params)
+    compile_seconds = time.time() - compile_start
+
+    run_dir = args.resume or cli.make_run_dir(f"{args.env_id}__{args.exp_name}__{args.seed}")
+    start = training.start if training else Progress(0, History([], [], []), 0.0)
+    writer = open_log(run_dir, args, start)
+    summary = cli.RunSummary(run_dir, args, wall_start, env_id=args.env_id, seed=args.seed,
+                             total_timesteps=args.total_timesteps, compile_seconds=compile_seconds)
+    # summary.json says how the run ended, whatever happens from here on.
+    with summary, contextlib.closing(writer), cli.StopSignals() as stop:
+        # Train.
+        history = start.history
+        if training:
+            result, fields = run_training(args, training, writer, run_dir, stop, compile_seconds)
+            summary.update(fields)
+            params = result.runner.train_state.params
+            history = result.progress.history
+        else:
+            print(f"{args.env_id}: evaluating {args.load_model}; compiled in "
+                  f"{compile_seconds:.1f}s; logging to {run_dir}")
+            summary.update(status="completed", global_step=0, load_model=args.load_model)
+
+        # Evaluate.
+        if summary["status"] == "completed":
             eval_start = time.time()
-            if status == "completed":
-                eval_params = jax.device_put(params, replicated)
-                results = [evaluate_pair(eval_key, eval_params, 0)]
-            if training and history.steps:
-                visualize.write_picture(writer, run_dir, "learning_curve.png", "charts/learning_curve",
-                                        visualize.figure_to_png(visualize.learning_curve_figure(
-                                            *history, f"{args.env_id}, seed {args.seed}")), global_step)
-            if status == "completed":
-                results.append(evaluate_pair(eval_key, eval_params, 1))
-                summary.update(eval_episodes=args.eval_episodes, eval=visualize.report_evaluations(
-                    results, writer, run_dir, global_step,
-                    f"{args.env_id}, seed {args.seed}, step {global_step:,}", args.env_id))
-                summary["eval_seconds"] = time.time() - eval_start
+            summary["eval"] = evaluate_and_draw(args, play, params, history, writer, run_dir,
+                                                summary["global_step"])
+            summary.update(eval_episodes=args.eval_episodes, eval_seconds=time.time() - eval_start)
 
-            # Save.
-            if args.save_model and training:
-                model_path = os.path.join(run_dir, "model.safetensors")
-                checkpoint.save_model(model_path, params, network_args,
-                                      {"global_step": str(global_step), "args": json.dumps(vars(args))})
-                summary["model"] = model_path
-            if stop.received:
-                summary["status"], exit_code = "interrupted", 128 + stop.received
-    except BaseException as e:
-        summary.update(status="interrupted" if isinstance(e, KeyboardInterrupt) else "failed",
-                       error=f"{type(e).__name__}: {e}")
-        raise
-    finally:
-        writer.close()
-        summary.update(wall_seconds=time.time() - wall_start, args=vars(args))
-        with open(os.path.join(run_dir, "summary.json"), "w") as f:
-            json.dump(summary, f, indent=2)
+        # Save.
+        if args.save_model and training:
+            summary["model"] = save_model(run_dir, args, params, summary["global_step"])
+        if stop.received:
+            summary["status"] = "interrupted"
     print(f"summary: {os.path.join(run_dir, 'summary.json')}")
-    sys.exit(exit_code)
+    if stop.received:
+        sys.exit(128 + stop.received)
+    sys.exit(3 if summary["status"] == "non_finite" else 0)
 
 
 if __name__ == "__main__":
+    # Start-up speed: the ~650k objects the imports made are frozen out of the garbage collector's
+    # later passes, so tracing and compiling do not walk them again (docs: Speed). As a script only.
+    gc.freeze()
     main()

@@ -64,7 +64,7 @@ def main() -> None:
     network = ppo.make_network(env.action_space(env_params).n, args.hidden_sizes, args.activation,
                                args.layer_norm)
     optimizer = ppo.make_optimizer(args)
-    mesh = Mesh(np.array(jax.devices()[:args.num_devices]), ("data",))
+    mesh = ppo.make_mesh(args.num_devices)
     init = functools.partial(ppo.init_runner, env=env, env_params=env_params, network=network,
                              optimizer=optimizer, num_envs=args.num_envs)
     runner = jax.jit(init, out_shardings=ppo.make_runner_shardings(mesh))(jax.random.key(args.seed))

@@ -270,6 +270,26 @@ def script_speed_table(file: str = "script_speed.json") -> str:
     return "\n".join(lines)
 
 
+def device_speed_table() -> str:
+    """ppo_breakout.py on a set of cores with a device count, alternating rounds."""
+    report = load("device_speed.json")
+    lines = [f"Measured on {report['machine']}; `{report['command']}` under `taskset -c CORES`, "
+             f"{len(report['rounds'])} rounds after a warm-up round; medians (range over the rounds).",
+             "", "| cores | devices | wall s | train SPS | SPS / one core, one device, per round "
+             "| sampled return |", "|---|---:|---:|---:|---:|---:|"]
+    first = report["configs"][0]
+    for config in report["configs"]:
+        cores, devices = config.split(":")
+        runs = [r[config] for r in report["rounds"]]
+        ratios = [r[config]["sps"] / r[first]["sps"] for r in report["rounds"]]
+        cell = lambda v, f: f"{np.median(v):{f}} ({min(v):{f}}-{max(v):{f}})"  # noqa: E731
+        sampled = ", ".join(sorted({f"{r['sampled']:.2f}" for r in runs}))
+        lines.append(f"| {cores} | {devices} | {cell([r['wall_seconds'] for r in runs], '.2f')} "
+                     f"| {cell([r['sps'] / 1000 for r in runs], '.1f')}k | {cell(ratios, '.2f')} "
+                     f"| {sampled} |")
+    return "\n".join(lines)
+
+
 def search_space_table() -> str:
     report = load("search.json")
     lines = ["| parameter | values searched | default |", "|---|---|---|"]
@@ -402,6 +422,45 @@ def games_screen_table(steps: int = 1_000_000) -> str:
                                     for key in aggregate.PROTOCOL_KEYS.values()))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+# The longer-budget screens on one game: setting name -> what it changes, against "stickyln" (the
+# defaults). A row appears once its JSON is committed.
+LONG_SCREEN = {"stickyln": "today's defaults", "lr2e-3": "learning rate 2e-3",
+               "lr1e-2": "learning rate 1e-2", "lambda95": "GAE λ 0.95", "ent03": "entropy 0.03",
+               "wide128": "torso 128-128", "wide256": "torso 256-256"}
+
+
+def game_screen_table(game: str, steps: int) -> str:
+    """Per setting on one game: the per-seed returns and their mean under each protocol, the mean's
+    paired difference from the defaults, and the harness's training seconds (a loaded machine)."""
+    def path(setting: str) -> str:
+        return os.path.join(ROOT, RESULTS, "screen", f"{setting}__{game}__{steps}.json")
+
+    base = load("screen", f"stickyln__{game}__{steps}.json")
+    lines = ["| setting | gymnax's protocol, per seed | mean [95% CI] | vs defaults [95% CI] "
+             "| MinAtar's protocol, mean [95% CI] | vs defaults [95% CI] | training s |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for setting, label in LONG_SCREEN.items():
+        if not os.path.exists(path(setting)):
+            continue
+        result = load("screen", f"{setting}__{game}__{steps}.json")
+        cells = [label, ", ".join(f"{x:.1f}" for x in result["eval_returns"])]
+        for key in ("eval_returns", "eval_returns_minatar"):
+            cells.append(ci(stats.summarize(result[key])["mean"]))
+            cells.append("" if setting == "stickyln" else
+                         signed_ci(stats.compare(base[key], result[key])["mean_difference"]))
+        cells.append(f"{result['timing']['train_seconds']:.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def game_screen_commands(game: str, steps: int) -> str:
+    commands = [load("screen", f"{setting}__{game}__{steps}.json")["command"]
+                for setting in LONG_SCREEN
+                if os.path.exists(os.path.join(ROOT, RESULTS, "screen",
+                                               f"{setting}__{game}__{steps}.json"))]
+    return "```bash\n" + "\n".join(commands) + "\n```"
 
 
 def breakout_10m_table() -> str:
@@ -554,7 +613,11 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "defaults-speed": lambda: script_speed_table("script_speed_defaults.json"),
           "screen-commands": screen_commands, "games-10m": games_10m_table,
           "games-10m-commands": games_10m_commands, "readme-games": readme_games_table,
-          "readme-games-commands": readme_games_commands}
+          "readme-games-commands": readme_games_commands, "device-speed": device_speed_table,
+          "asterix-5m": lambda: game_screen_table("Asterix", 5_000_000),
+          "asterix-5m-commands": lambda: game_screen_commands("Asterix", 5_000_000),
+          "breakout-1m-screen": lambda: game_screen_table("Breakout", 1_000_000),
+          "breakout-1m-screen-commands": lambda: game_screen_commands("Breakout", 1_000_000)}
 
 
 def with_tables(doc: str) -> str:

@@ -1,4 +1,5 @@
-"""Tuning harness: ppo_breakout.py's training for many seeds at once, with the statistics to compare settings.
+"""Tuning harness: ppo_breakout.py's training for many seeds at once, with the statistics to compare
+settings.
 
 The seeds are split across the devices (on a CPU, one per core); each device trains its seeds one after
 another with `lax.map`, so a seed's result does not depend on which other seeds run, on how many, or on
@@ -15,8 +16,9 @@ With --checkpoint-dir, the training state is written there after every chunk; a 
 resumes from its last chunk when the same command runs again, and ends with the same result, bit for
 bit, as a run never interrupted.
 
-Seed k here is not `ppo_breakout.py --seed k`: the script splits one seed's environments over the
-devices and folds the device index into its keys. Docs: docs/tuning.md.
+Seed k here draws the same random numbers as `ppo_breakout.py --seed k`, which splits one seed's
+environments over the devices; the two agree up to floating-point rounding, which grows over a long
+run as it does between CPUs. Docs: docs/tuning.md.
 
 Run:  python benchmarks/tune.py --num-seeds 8 --ppo.gae-lambda 0.95 --out lambda95.json
 """

@@ -48,7 +48,7 @@ def test_the_final_evaluation_plays_minatar_protocol_past_gymnax_time_limit(monk
     idle = lambda _, obs: jnp.zeros((obs.shape[0], 6)).at[:, 0].set(50.0)  # noqa: E731
     evaluate_pair, _ = evaluation.make_evaluate_pair(env, "Seaquest-MinAtar", env_params, idle, 2, 2)
     pair = jax.tree.map(np.asarray, evaluate_pair(jax.random.key(0), {}, 0))  # gymnax's, MinAtar's
-    assert [evaluation.EVALUATIONS[i][0] for i in evaluation.EVALUATION_PAIRS[0]] == ["", "sticky_0.1"]
+    assert [evaluation.EVALUATIONS[i][0] for i in evaluation.EVALUATION_PAIRS["sampled"]] == ["", "sticky_0.1"]
     np.testing.assert_array_equal(pair.lengths, [[1000, 1000], [1200, 1200]])
     assert pair.frames.shape[2] == evaluation.RECORD_STEPS + 1  # frames 0..1001, not the bound's
 

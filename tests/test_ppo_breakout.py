@@ -3,7 +3,6 @@
 import dataclasses
 import functools
 import contextlib
-import gc
 import glob
 import io
 import json
@@ -23,7 +22,7 @@ import pytest
 import rlax
 import safetensors.numpy
 import tyro
-from jax.sharding import Mesh
+from jax.sharding import NamedSharding
 from PIL import Image, ImageSequence
 from jax.sharding import PartitionSpec as P
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -33,7 +32,8 @@ from probe_envs import ProbeEnv
 from utils import checkpoint, diagnostics, visualize
 from utils.evaluation import evaluate
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ppo_breakout.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "ppo_breakout.py")
 
 
 def network_args(args) -> dict:
@@ -269,9 +269,10 @@ def test_direct_ratio_takes_the_same_step_where_both_are_finite():
     steps = {}
     for ratio in ("log", "direct"):
         ratio_args = dataclasses.replace(args, ratio=ratio)
-        (steps[ratio], _), metrics = ppo.update_minibatch(ppo.TrainState(params, optimizer.init(params)), mb, network,
-                                                          optimizer, ratio_args)
-        assert 0 < metrics["clipfrac"] < 1  # both sides of the clip are exercised
+        (steps[ratio], _), info = ppo.update_minibatch(ppo.TrainState(params, optimizer.init(params)), mb,
+                                                       network, optimizer, ratio_args)
+        clipfrac = ppo.loss_metrics(info, args.clip_coef)["clipfrac"]
+        assert 0 < clipfrac < 1  # both sides of the clip are exercised
     for a, b in zip(jax.tree.leaves(steps["log"]), jax.tree.leaves(steps["direct"])):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     logits = network.apply(params, mb.obs)[0]
@@ -345,11 +346,11 @@ def test_rollout_records_only_completed_episodes_and_the_pre_reset_value():
     assert np.all(np.asarray(traj.action) == 1) and np.all(np.asarray(traj.reward) == 1)
 
 
-def test_rollout_value_of_final_obs_per_device_and_under_vmap():
-    # The rollout's lax.cond on "some environment was truncated" decides per device under shard_map
-    # (the script) and becomes a select under vmap (benchmarks/tune.py). Either way a truncated step
-    # must carry v(final_obs) = 0.4 (time 4 / 10) and every other step 0, also on the steps where one
-    # device or one vmapped runner has a truncation and the other has none.
+def test_rollout_value_of_final_obs_with_split_environments_and_under_vmap():
+    # The rollout's lax.cond on "some environment was truncated" runs with the environments split
+    # over two devices (the script) and becomes a select under vmap (benchmarks/tune.py). Either way
+    # a truncated step must carry v(final_obs) = 0.4 (time 4 / 10) and every other step 0, also on
+    # the steps where one half of the environments has a truncation and the other has none.
     env, env_params = ProbeEnv(), ProbeEnv().default_params
     network = hk.without_apply_rng(hk.transform(always_action_one))
     num_envs = 16
@@ -360,12 +361,11 @@ def test_rollout_value_of_final_obs_per_device_and_under_vmap():
     def check(traj, groups):
         assert_truncated_steps_carry_the_value_of_final_obs(traj)
         any_truncated = [group.any(axis=1) for group in groups(np.asarray(traj.truncated))]
-        assert (any_truncated[0] != any_truncated[1]).any()  # the cond went both ways on one step
+        assert (any_truncated[0] != any_truncated[1]).any()  # the halves differ on some step
 
-    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
-    on_devices = jax.jit(jax.shard_map(rollout, mesh=mesh, in_specs=(ppo.RUNNER_SPECS,),
-                                       out_specs=P(None, "data"), check_vma=False))
-    check(on_devices(probe_runner(jax.random.key(1), num_envs)),
+    mesh = ppo.make_mesh(2)
+    split = jax.jit(rollout, in_shardings=(ppo.make_runner_shardings(mesh),))
+    check(split(probe_runner(jax.random.key(1), num_envs)),
           lambda x: (x[:, :num_envs // 2], x[:, num_envs // 2:]))
 
     runners = jax.vmap(probe_runner, in_axes=(0, None))(jax.random.split(jax.random.key(2), 2), num_envs)
@@ -514,36 +514,27 @@ def test_rollout_records_which_torso_units_fired():
 def test_training_diagnostics_against_numpy_on_one_and_two_devices():
     rng = np.random.default_rng(0)
     n = 64
-    batch = ppo.Batch(obs=jnp.zeros((n, 1)), action=jnp.asarray(np.r_[np.zeros(32), np.ones(16), 2 * np.ones(16)], jnp.int32),
+    actions = np.r_[np.zeros(32), np.ones(16), 2 * np.ones(16)]
+    batch = ppo.Batch(obs=jnp.zeros((n, 1)), action=jnp.asarray(actions, jnp.int32),
                       logits=jnp.asarray(rng.normal(size=(n, 3)) * 5, jnp.float32),
                       value=jnp.asarray(rng.normal(size=n), jnp.float32),
                       advantage=jnp.asarray(rng.normal(loc=2.0, size=n), jnp.float32),
                       target=jnp.asarray(rng.normal(size=n), jnp.float32))
     b = jax.device_get(batch)
-    # Units 0-3 fired on device 0's share, units 2-5 on device 1's; 6 and 7 on neither: 2 of 8 silent.
-    active = jnp.array([[1, 1, 1, 1, 0, 0, 0, 0], [0, 0, 1, 1, 1, 1, 0, 0]], bool)
+    active = jnp.array([1, 1, 1, 1, 1, 1, 0, 0], bool)  # 2 of 8 units silent
+    # The update's log-ratios, (epochs=1, minibatches=2, rows=4); 2.0 lies beyond the histogram.
+    log_ratio = jnp.array([[[-0.3, 0.1, 0.2, 0.5], [-0.1, 0.0, 0.4, 2.0]]])
     expected = {
         "logit_gap_max": (b.logits.max(1) - b.logits.min(1)).max(),
         "advantage_mean": b.advantage.mean(), "advantage_std": b.advantage.std(),
         "value_error": np.sqrt(np.mean((b.target - b.value) ** 2)),
-        "silent_units": 2 / 8,
+        "silent_units": 2 / 8, "log_ratio_min": -0.3, "log_ratio_max": 2.0,
     }
-    # The loss's per-step statistics, (epochs=1, minibatches=2, ...) on each device.
-    log_ratio = jnp.array([[-0.3, 0.1, 0.2, 0.5], [-0.1, 0.0, 0.4, 2.0]])  # 2.0 lies beyond the histogram
-    per_minibatch = lambda x: jnp.stack([x, x], axis=1)[:, None]  # noqa: E731 (device, epoch, minibatch, ...)
-    stats = {"log_ratio_min": per_minibatch(log_ratio.min(1)),
-             "log_ratio_max": per_minibatch(log_ratio.max(1)),
-             "log_ratio_counts": per_minibatch(jax.vmap(lambda x: diagnostics.bin_counts(x, -1.0, 1.0))(log_ratio))}
-    expected.update(log_ratio_min=-0.3, log_ratio_max=2.0)
-    single = jax.jit(lambda batch: diagnostics.training_diagnostics(
-        batch, active.any(axis=0), {name: jnp.concatenate([x[0], x[1]], axis=1) for name, x in stats.items()},
-        functools.partial(ppo.over_devices, axis_name=None)))(batch)
-    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
-    parallel = jax.jit(jax.shard_map(
-        lambda batch, active, stats: diagnostics.training_diagnostics(
-            batch, active[0], {name: x[0] for name, x in stats.items()},
-            functools.partial(ppo.over_devices, axis_name="data")),
-        mesh=mesh, in_specs=P("data"), out_specs=P(), check_vma=False))(batch, active, stats)
+    single = jax.jit(diagnostics.training_diagnostics)(batch, active, log_ratio)
+    mesh = ppo.make_mesh(2)  # the batch's rows split over two devices, as in the script
+    rows = NamedSharding(mesh, P("envs"))
+    parallel = jax.jit(diagnostics.training_diagnostics, in_shardings=(rows, None, None))(
+        batch, active, log_ratio)
     for result in (single, parallel):
         for name, value in expected.items():
             np.testing.assert_allclose(result[name], value, rtol=1e-5, err_msg=name)
@@ -552,54 +543,54 @@ def test_training_diagnostics_against_numpy_on_one_and_two_devices():
             h = result["histograms"][name]
             np.testing.assert_array_equal(h["counts"], np.histogram(data, np.asarray(h["edges"]))[0])
             np.testing.assert_allclose([h["edges"][0], h["edges"][-1]], [data.min(), data.max()], rtol=1e-6)
-        # Twice each device's log-ratios (two minibatches), the 2.0 in the last bin.
-        expected_counts = 2 * np.histogram(np.clip(log_ratio, -1, 0.999), np.linspace(-1, 1, 31))[0]
+        # Every log-ratio of both minibatches, the 2.0 in the last bin.
+        expected_counts = np.histogram(np.clip(log_ratio, -1, 0.999), np.linspace(-1, 1, 31))[0]
         np.testing.assert_array_equal(result["histograms"]["log_ratio"]["counts"], expected_counts)
 
 
-def test_data_parallel_step_equals_the_single_device_step_on_the_whole_minibatch():
-    # Two devices, each with half of a minibatch, must take exactly the step one device takes on all
-    # of it. The halves have different advantage statistics, so normalising per device would fail.
-    assert len(jax.devices()) >= 2  # conftest.py asks for two CPU devices
-    args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=32, num_minibatches=1))
+def test_two_devices_run_the_one_device_iteration():
+    # The script's wiring (make_parallel_update_step) with the environments and the minibatches'
+    # rows split over two devices must compute the one-device iteration: the same random draws (so
+    # the same episodes) and the same step, up to the order floating-point sums are added in.
+    # Plain SGD keeps a gradient's rounding difference as small as it is (Adam would blow a tiny
+    # gradient's up to a full step).
+    args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=16, num_minibatches=2,
+                                            update_epochs=2, total_timesteps=8 * 16 * 3))
+    env, env_params = ppo.make_env(args.env_id, args.sticky_action_prob)
     network = ppo.make_network(3, args.hidden_sizes, args.activation, args.layer_norm)
-    keys = jax.random.split(jax.random.key(0), 6)
-    n = args.minibatch_size
-    mb = ppo.Batch(
-        obs=jax.random.bernoulli(keys[0], 0.1, (n, 10, 10, 4)).astype(jnp.float32),
-        action=jax.random.randint(keys[1], (n,), 0, 3),
-        logits=jax.random.normal(keys[2], (n, 3)),
-        value=jax.random.normal(keys[3], (n,)),
-        advantage=jnp.concatenate([2.0 + jax.random.normal(keys[4], (n // 2,)),
-                                   -1.0 + 3.0 * jax.random.normal(keys[5], (n // 2,))]),
-        target=jnp.linspace(-1.0, 3.0, n))
-    params = network.init(keys[0], mb.obs)
-    optimizer = optax.sgd(1.0)  # an update linear in the gradient: a gradient off by a factor shows
-    train_state = ppo.TrainState(params, optimizer.init(params))
-
-    (single, _), _ = jax.jit(functools.partial(
-        ppo.update_minibatch, network=network, optimizer=optimizer, args=args))(train_state, mb)
-    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
-    step = jax.shard_map(functools.partial(ppo.update_minibatch, network=network, optimizer=optimizer,
-                                           args=args, axis_name="data"),
-                         mesh=mesh, in_specs=(P(), P("data")), out_specs=(P(), P()), check_vma=False)
-    (parallel, _), _ = jax.jit(step)(train_state, mb)
-
-    moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), single, params)
-    assert min(jax.tree.leaves(moved)) > 1e-4  # a real step, not a no-op
-    for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(parallel)):
+    optimizer = optax.sgd(0.05)
+    init = functools.partial(ppo.init_runner, env=env, env_params=env_params, network=network,
+                             optimizer=optimizer, num_envs=args.num_envs)
+    one = ppo.init_runner(jax.random.key(3), env, env_params, network, optimizer, args.num_envs)
+    one_step = jax.jit(ppo.make_update_step(args, env, env_params, network, optimizer))
+    mesh = ppo.make_mesh(2)
+    two = jax.jit(init, out_shardings=ppo.make_runner_shardings(mesh))(jax.random.key(3))
+    two_step = ppo.make_parallel_update_step(args, env, env_params, network, optimizer, mesh)
+    start = one.train_state.params
+    for _ in range(args.num_iterations):
+        one, one_metrics = one_step(one)
+        two, two_metrics = two_step(two)
+        for name in ("episodes", "episode_return_sum", "episode_length_sum"):
+            assert one_metrics[name] == two_metrics[name], name
+        for name in ("policy_loss", "value_loss", "entropy", "approx_kl", "grad_norm"):
+            np.testing.assert_allclose(one_metrics[name], two_metrics[name], rtol=1e-4, atol=1e-7)
+    assert one_metrics["episodes"] > 0
+    np.testing.assert_array_equal(one.obs, two.obs)  # the environments went the same way
+    for a, b, first in zip(*(jax.tree.leaves(x) for x in (one.train_state.params,
+                                                          two.train_state.params, start))):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+        assert not np.allclose(a, first)  # they moved
 
 
 def test_parallel_update_step_keeps_every_device_on_the_same_parameters():
-    # The script's own wiring (make_parallel_update_step): after a few iterations on two devices, each
-    # with its own environments, the replicated parameters must still be equal on both.
+    # After a few iterations on two devices, each with its share of the environments, the
+    # replicated parameters must still be equal on both.
     args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=16, num_minibatches=2,
                                             update_epochs=2, total_timesteps=8 * 16 * 3))
     env, env_params = gymnax.make(args.env_id)
     network = ppo.make_network(3, args.hidden_sizes, args.activation, args.layer_norm)
     optimizer = ppo.make_optimizer(args)
-    mesh = Mesh(np.array(jax.devices()[:2]), ("data",))
+    mesh = ppo.make_mesh(2)
     runner = jax.jit(functools.partial(ppo.init_runner, env=env, env_params=env_params, network=network,
                                        optimizer=optimizer, num_envs=args.num_envs),
                      out_shardings=ppo.make_runner_shardings(mesh))(jax.random.key(0))
@@ -612,7 +603,7 @@ def test_parallel_update_step_keeps_every_device_on_the_same_parameters():
         assert len(shards) == 2
         np.testing.assert_array_equal(shards[0], shards[1])
         assert not np.allclose(shards[0], np.asarray(first))  # they moved
-    assert runner.obs.sharding.spec == P("data")
+    assert runner.obs.sharding.spec == P("envs")
 
 
 def test_loss_metrics_average_every_epoch_and_minibatch():
@@ -1049,11 +1040,15 @@ def test_crelu_passes_each_input_on_in_one_half():
     np.testing.assert_array_equal(ppo.crelu(x), [[0.0, 0.0, 2.0, 1.5, 0.0, 0.0]])
 
 
-def test_importing_the_script_leaves_the_garbage_collector_on():
-    """The script switches the collector off only while its imports load; left off, a long run (or a
-    process that imports the script, like this one) would keep every cycle of garbage it makes."""
-    assert gc.isenabled()
-    assert gc.get_freeze_count() > 100_000  # the imports' objects are out of later collections
+def test_importing_the_script_changes_nothing_global():
+    # Its start-up settings (one JAX device per core, the imports frozen out of the garbage
+    # collector) belong to a run of the script, not to a process that imports it.
+    code = ("import gc, os; n = gc.get_freeze_count(); import ppo_breakout; "
+            "assert gc.isenabled() and gc.get_freeze_count() == n; "
+            "assert 'JAX_NUM_CPU_DEVICES' not in os.environ; print('ok')")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
 def test_approx_kl_is_the_low_variance_k3_estimator_not_the_naive_one():
@@ -1062,7 +1057,8 @@ def test_approx_kl_is_the_low_variance_k3_estimator_not_the_naive_one():
     args, network, params, mb = loss_setup()
     noise = 0.5 * jax.random.normal(jax.random.key(1), mb.logits.shape)
     mb = mb._replace(logits=mb.logits + noise)  # the "old" policy differs from the current one
-    _, metrics = ppo.ppo_loss(params, network, mb, args)
+    _, info = ppo.ppo_loss(params, network, mb, args)
+    metrics = ppo.loss_metrics(info, args.clip_coef)
     rows = np.arange(len(mb.action))
     new = np.asarray(jax.nn.log_softmax(network.apply(params, mb.obs)[0]), np.float64)[rows, mb.action]
     old = np.asarray(jax.nn.log_softmax(mb.logits), np.float64)[rows, mb.action]

@@ -1,10 +1,11 @@
 """What the scripts share around a run: parsing with one-line errors, run directories that never clash,
-and stopping cleanly on Ctrl-C. None of it touches the algorithm."""
+stopping cleanly on Ctrl-C, and summary.json. None of it touches the algorithm."""
 
 import contextlib
 import dataclasses
 import io
 import itertools
+import json
 import os
 import signal
 import sys
@@ -114,3 +115,34 @@ class StopSignals:
     def __exit__(self, *exc_info):
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
+
+
+def or_exit(read: Callable, *args):
+    """read(*args), or one `error:` line and exit 2 where it raises ValueError (a file the user
+    named that this code cannot use)."""
+    try:
+        return read(*args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+class RunSummary(dict):
+    """A run's summary.json, written when its `with` block ends, however it ends: an exception
+    marks the run failed (Ctrl-C: interrupted) and is raised on. The wall time and the arguments
+    are added last."""
+
+    def __init__(self, run_dir: str, args, wall_start: float, **fields):
+        super().__init__(status="failed", **fields)
+        self.path, self.args, self.wall_start = os.path.join(run_dir, "summary.json"), args, wall_start
+
+    def __enter__(self) -> "RunSummary":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        if error is not None:
+            status = "interrupted" if isinstance(error, KeyboardInterrupt) else "failed"
+            self.update(status=status, error=f"{type(error).__name__}: {error}")
+        self.update(wall_seconds=time.time() - self.wall_start, args=vars(self.args))
+        with open(self.path, "w") as f:
+            json.dump(self, f, indent=2)

@@ -11,7 +11,7 @@ Besides returns and lengths it keeps what behaviour diagnostics need: each episo
 fingerprints: the same episode), and the first `record_steps` frames of the first `num_recorded` episodes.
 
 `make_evaluate_pair` compiles ppo_breakout.py's final evaluations, both protocols and both policies,
-into one program that plays them two at a time.
+into one program that plays them two at a time; `compile_final_evaluation` names the pairs.
 """
 
 import functools
@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 
@@ -157,36 +157,59 @@ def protocol_params(env_id: str, env_params: Any, protocol: str) -> Any:
 
 # The final evaluations: gymnax's protocol (key "") and MinAtar's ("sticky_0.1"), each with sampled
 # actions (the policy PPO trained) and greedy ones, whatever the training used. They are played in pairs
-# (indices into EVALUATIONS), the sampled pair first: play.gif needs only that one.
+# of indices into EVALUATIONS, one pair per policy, the sampled pair first: play.gif needs only that one.
 EVALUATIONS = [("", "sampled"), ("", "greedy"), ("sticky_0.1", "sampled"), ("sticky_0.1", "greedy")]
-EVALUATION_PAIRS = [(0, 2), (1, 3)]
+EVALUATION_PAIRS = {"sampled": (0, 2), "greedy": (1, 3)}
 PROTOCOL_OF = {"": "gymnax", "sticky_0.1": "minatar"}
 RECORD_STEPS = 1001  # the GIF's frames per episode, at most: a 1000-step episode whole
 
 
-def make_evaluate_pair(env: Any, env_id: str, env_params: Any, policy_apply: Callable, num_episodes: int,
-                       num_devices: int) -> tuple[Callable, Mesh]:
-    """A program that plays `EVALUATION_PAIRS[pair]`, split over up to two devices, each evaluation with
-    the same key, so each gives the numbers it gives alone. Compiled once and called per pair, so the
-    host can read the first pair while the second plays. `env_params` must have a `sticky_action_prob`
-    field (ppo_breakout.StickyParams). The GIF's episodes are recorded for RECORD_STEPS steps."""
+def make_evaluate_pair(env: Any, env_id: str, env_params: Any, policy_apply: Callable,
+                       num_episodes: int, num_devices: int) -> tuple[Callable, Mesh]:
+    """A program that plays the `pair`-th of EVALUATION_PAIRS, split over up to two devices, each
+    evaluation with the same key, so each gives the numbers it gives alone. Compiled once and called
+    per pair, so the host can read the first pair while the second plays. `env_params` must have a
+    `sticky_action_prob` field (ppo_breakout.StickyParams). The GIF's episodes are recorded for
+    RECORD_STEPS steps."""
     mesh = Mesh(np.array(jax.devices()[:min(num_devices, 2)]), ("data",))
+    pairs = list(EVALUATION_PAIRS.values())
     protocols = [[protocol_params(env_id, env_params, PROTOCOL_OF[EVALUATIONS[i][0]]) for i in pair]
-                 for pair in EVALUATION_PAIRS]
-    greedy = np.array([[EVALUATIONS[i][1] == "greedy" for i in pair] for pair in EVALUATION_PAIRS])
+                 for pair in pairs]
+    greedy = np.array([[EVALUATIONS[i][1] == "greedy" for i in pair] for pair in pairs])
     sticky = np.array([[p.sticky_action_prob for p in pair] for pair in protocols], np.float32)
-    limits = np.array([[p.env_params.max_steps_in_episode for p in pair] for pair in protocols], np.int32)
+    limits = np.array([[p.env_params.max_steps_in_episode for p in pair] for pair in protocols],
+                      np.int32)
 
     def evaluate_share(key, params, greedy, sticky, limit):
-        return jax.lax.map(lambda config: evaluate(
-            key, params, config[0], env=env, env_params=env_params.replace(
+        def one(config):
+            params_one = env_params.replace(
                 sticky_action_prob=config[1],
-                env_params=env_params.env_params.replace(max_steps_in_episode=config[2])),
-            policy_apply=policy_apply, num_episodes=num_episodes, max_steps=int(limits.max()) + 1,
-            num_recorded=min(8, num_episodes), record_steps=RECORD_STEPS),
-            (greedy, sticky, limit))
+                env_params=env_params.env_params.replace(max_steps_in_episode=config[2]))
+            return evaluate(key, params, config[0], env=env, env_params=params_one,
+                            policy_apply=policy_apply, num_episodes=num_episodes,
+                            max_steps=int(limits.max()) + 1, num_recorded=min(8, num_episodes),
+                            record_steps=RECORD_STEPS)
+        return jax.lax.map(one, (greedy, sticky, limit))
 
-    evaluate_split = jax.shard_map(evaluate_share, mesh=mesh, in_specs=(P(), P(), *[P("data")] * 3),
-                                   out_specs=P("data"), check_vma=False)
-    return jax.jit(lambda key, params, pair: evaluate_split(
-        key, params, jnp.asarray(greedy)[pair], jnp.asarray(sticky)[pair], jnp.asarray(limits)[pair])), mesh
+    evaluate_split = jax.shard_map(evaluate_share, mesh=mesh,
+                                   in_specs=(P(), P(), *[P("data")] * 3), out_specs=P("data"),
+                                   check_vma=False)
+
+    def evaluate_pair(key, params, pair):
+        return evaluate_split(key, params, jnp.asarray(greedy)[pair], jnp.asarray(sticky)[pair],
+                              jnp.asarray(limits)[pair])
+
+    return jax.jit(evaluate_pair), mesh
+
+
+def compile_final_evaluation(env: Any, env_id: str, env_params: Any, policy_apply: Callable,
+                             num_episodes: int, num_devices: int, key: jax.Array,
+                             params: Any) -> Callable:
+    """`make_evaluate_pair` compiled ahead of time for `params`' shapes: play(params, policy) starts
+    the pair of EVALUATION_PAIRS[policy] ("sampled" or "greedy") with `key` and returns at once."""
+    evaluate_pair, mesh = make_evaluate_pair(env, env_id, env_params, policy_apply, num_episodes,
+                                             num_devices)
+    replicated = NamedSharding(mesh, P())
+    compiled = evaluate_pair.lower(key, jax.device_put(params, replicated), 0).compile()
+    index = {policy: i for i, policy in enumerate(EVALUATION_PAIRS)}
+    return lambda params, policy: compiled(key, jax.device_put(params, replicated), index[policy])

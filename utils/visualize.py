@@ -272,19 +272,19 @@ def log_histograms(writer, histograms: dict, step: int) -> None:
                 bucket_limits=h["edges"][1:].tolist(), bucket_counts=h["counts"].tolist(), global_step=step)
 
 
-def report_evaluations(results: list, writer, run_dir: str, step: int, title: str, env_id: str) -> dict:
+def report_evaluations(results: dict, writer, run_dir: str, step: int, title: str, env_id: str) -> dict:
     """Prints, logs and draws (play.gif, behaviour.png) the final evaluations, `results` holding each of
-    EVALUATION_PAIRS' results stacked; returns summary.json's `eval`: the results of protocol "" at its
-    top level, the others under their protocol."""
+    EVALUATION_PAIRS' results stacked, by policy; returns summary.json's `eval`: the results of
+    protocol "" at its top level, the others under their protocol."""
     breakout = env_id == "Breakout-MinAtar"  # Breakout's behaviour has panels of its own
     fetched = {}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         # The GIF is encoded in a thread (Pillow's encoder releases the GIL) once the sampled pair is here,
         # while the other pair plays and matplotlib draws.
-        for pair, pair_results in zip(EVALUATION_PAIRS, results):
-            pair_results = jax.device_get(pair_results)
+        for policy, pair in EVALUATION_PAIRS.items():
+            pair_results = jax.device_get(results[policy])
             fetched |= {i: jax.tree.map(lambda x: x[k], pair_results) for k, i in enumerate(pair)}
-            if pair == EVALUATION_PAIRS[0]:  # sampled, without and with sticky actions
+            if policy == "sampled":  # without and with sticky actions
                 gif = pool.submit(play_gif_of, *(fetched[i] for i in pair), env_id)
         by_protocol, labelled = {}, {}
         for i, (protocol, mode) in enumerate(EVALUATIONS):
