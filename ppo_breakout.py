@@ -26,13 +26,17 @@ import sys
 import time
 from typing import Any, Literal, NamedTuple
 
-if __name__ == "__main__":  # as a script, JAX's CPU backend gets one device per core (see main)
+# As a script, JAX's CPU backend gets one device per core, for the data-parallel update. It must
+# be set before JAX starts, and importing gymnax starts it; a process importing this file keeps its
+# own setting.
+if __name__ == "__main__":
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(cores or 1))
 
 import gymnax
 import haiku as hk
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -102,8 +106,8 @@ class Args:
     eval_episodes: int = 256
     """the number of complete episodes the final policy is evaluated on, per protocol and policy"""
     num_devices: int = 0
-    """devices the environments are split across (0: the most, up to 8, that divide the batch);
-    the count changes where the work runs, not the run (up to floating-point rounding)"""
+    """devices the environments are split across (0: the most, up to 8, that divide the batch); a
+    seed replays the same run only with the same count"""
     jax_cache_dir: str = "~/.cache/jax-ppo"
     """JAX's persistent compilation cache, so a rerun skips compiling; at most 1 GiB, in a
     directory no uncapped JAX program writes to ("" turns it off)"""
@@ -373,37 +377,58 @@ def init_runner(key: jax.Array, env, env_params, network: hk.Transformed,
                        episode_length=jnp.zeros(num_envs, jnp.int32), key=key)
 
 
+class Replicas(NamedTuple):
+    """How the copies of the update that run side by side (see "Data parallel") combine what they
+    computed on their own environments. Alone, there is nothing to combine: each is the identity."""
+    mean: Any = lambda x: x  # the mean over the copies
+    sum: Any = lambda x: x
+    max: Any = lambda x: x
+    own_key: Any = lambda key: key  # a key for this copy's own random draws
+
+
+ALONE = Replicas()
+
+
 def update_minibatch(train_state: TrainState, mb: Batch, network: hk.Transformed,
-                     optimizer: optax.GradientTransformation, args: Args):
-    """One gradient step on a minibatch; its loss terms and gradient norm come back."""
+                     optimizer: optax.GradientTransformation, args: Args,
+                     replicas: Replicas = ALONE):
+    """One gradient step on a minibatch; its loss terms and gradient norm come back. Side by side,
+    the copies share the advantage moments and the gradient: the step is the one-copy step on the
+    whole minibatch."""
     if args.norm_adv:
-        mean = mb.advantage.mean()
-        mean_sq = jnp.square(mb.advantage).mean()
+        moments = jnp.stack([mb.advantage.mean(), jnp.square(mb.advantage).mean()])
+        mean, mean_sq = replicas.mean(moments)
         std = jnp.sqrt(jnp.maximum(mean_sq - jnp.square(mean), 0.0))
         mb = mb._replace(advantage=(mb.advantage - mean) / (std + 1e-8))
     grads, info = jax.grad(ppo_loss, has_aux=True)(train_state.params, network, mb, args)
-    info["grad_norm"] = optax.tree.norm(grads)  # before clipping
-    updates, opt_state = optimizer.update(grads, train_state.opt_state, train_state.params)
+    flat_grads, unravel = jax.flatten_util.ravel_pytree(grads)
+    flat_grads = replicas.mean(flat_grads)  # one mean for the whole gradient
+    info["grad_norm"] = jnp.linalg.norm(flat_grads)  # before clipping
+    updates, opt_state = optimizer.update(unravel(flat_grads), train_state.opt_state,
+                                          train_state.params)
     return TrainState(optax.apply_updates(train_state.params, updates), opt_state), info
 
 
 def make_update_step(args: Args, env, env_params, network: hk.Transformed,
-                     optimizer: optax.GradientTransformation, layout=lambda rows: rows):
-    """The function that runs one PPO iteration on a RunnerState; the caller jits it. `layout`
-    places each epoch's minibatch rows (the identity unless "Data parallel" below passes one)."""
+                     optimizer: optax.GradientTransformation, replicas: Replicas = ALONE):
+    """The function that runs one PPO iteration on a RunnerState; the caller jits it. Sizes are
+    read from the arrays, so side by side (see "Data parallel") they are one copy's share."""
     def update_epoch(train_state: TrainState, key: jax.Array, batch: Batch):
         # A fresh permutation every epoch, cut into minibatches of row indices; each step gathers
         # its rows, so no shuffled copy of the batch is made.
-        order = jax.random.permutation(key, args.batch_size).reshape(args.num_minibatches, -1)
+        num_rows = batch.action.shape[0]
+        order = jax.random.permutation(key, num_rows).reshape(args.num_minibatches, -1)
 
         def minibatch_step(train_state: TrainState, rows: jax.Array):
             mb = jax.tree.map(lambda x: x[rows], batch)
-            return update_minibatch(train_state, mb, network, optimizer, args)
+            return update_minibatch(train_state, mb, network, optimizer, args, replicas)
 
-        return jax.lax.scan(minibatch_step, train_state, layout(order))
+        return jax.lax.scan(minibatch_step, train_state, order)
 
     def update_step(runner: RunnerState) -> tuple[RunnerState, dict[str, jax.Array]]:
         next_key, rollout_key, epochs_key = jax.random.split(runner.key, 3)
+        rollout_key = replicas.own_key(rollout_key)  # each copy its own actions and minibatches
+        epochs_key = replicas.own_key(epochs_key)
         runner, traj = collect_trajectories(runner._replace(key=rollout_key), env, env_params,
                                             network, args.num_steps)
         _, last_value = network.apply(runner.train_state.params, runner.obs)
@@ -415,7 +440,7 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
         train_state, infos = jax.lax.scan(functools.partial(update_epoch, batch=batch),
                                           runner.train_state, epoch_keys)
         runner = runner._replace(train_state=train_state, key=next_key)
-        return runner, iteration_metrics(args, traj, batch, infos, train_state)
+        return runner, iteration_metrics(args, traj, batch, infos, train_state, replicas)
 
     return update_step
 
@@ -423,7 +448,8 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
 # --------------------------------------------------------------------------------------------------
 # Metrics: what an iteration logs, from its rollout, batch and the update's per-minibatch terms
 # --------------------------------------------------------------------------------------------------
-def loss_metrics(infos: dict[str, jax.Array], clip_coef: float) -> dict[str, jax.Array]:
+def loss_metrics(infos: dict[str, jax.Array], clip_coef: float,
+                 replicas: Replicas = ALONE) -> dict[str, jax.Array]:
     """Means over epochs x minibatches of the loss terms and gradient norm, with the approximate KL
     and the fraction of clipped ratios over all samples."""
     metrics = {name: value.mean() for name, value in infos.items() if name != "log_ratio"}
@@ -432,20 +458,27 @@ def loss_metrics(infos: dict[str, jax.Array], clip_coef: float) -> dict[str, jax
     # The low-variance KL estimator k3 = (r - 1) - log r (http://joschu.net/blog/kl-approx.html).
     metrics["approx_kl"] = jnp.mean((ratio - 1.0) - log_ratio)
     metrics["clipfrac"] = jnp.mean(jnp.abs(ratio - 1.0) > clip_coef)
-    return metrics
+    return {name: replicas.mean(value) for name, value in metrics.items()}
 
 
-def explained_variance(values: jax.Array, targets: jax.Array) -> jax.Array:
+def explained_variance(values: jax.Array, targets: jax.Array,
+                       replicas: Replicas = ALONE) -> jax.Array:
     """1 - Var[target - value] / Var[target]: 1 is a perfect critic, 0 one that predicts the
-    mean."""
-    return 1.0 - jnp.var(targets - values) / jnp.var(targets)
+    mean. From first and second moments, which the copies average."""
+    error = targets - values
+    error_mean = replicas.mean(error.mean())
+    error_sq = replicas.mean(jnp.square(error).mean())
+    target_mean = replicas.mean(targets.mean())
+    target_sq = replicas.mean(jnp.square(targets).mean())
+    return 1.0 - (error_sq - error_mean**2) / (target_sq - target_mean**2)
 
 
-def episode_metrics(traj: Transition) -> dict[str, jax.Array]:
+def episode_metrics(traj: Transition, replicas: Replicas = ALONE) -> dict[str, jax.Array]:
     """How many episodes ended in the rollout, and their summed returns and lengths."""
     done = traj.terminated | traj.truncated
-    return {"episodes": done.sum(), "episode_return_sum": traj.episode_return.sum(),
-            "episode_length_sum": traj.episode_length.sum()}
+    return {"episodes": replicas.sum(done.sum()),
+            "episode_return_sum": replicas.sum(traj.episode_return.sum()),
+            "episode_length_sum": replicas.sum(traj.episode_length.sum())}
 
 
 def all_finite(params: hk.Params, losses: dict[str, jax.Array]) -> jax.Array:
@@ -455,27 +488,35 @@ def all_finite(params: hk.Params, losses: dict[str, jax.Array]) -> jax.Array:
 
 
 def iteration_metrics(args: Args, traj: Transition, batch: Batch, infos: dict[str, jax.Array],
-                      train_state: TrainState) -> dict[str, jax.Array]:
+                      train_state: TrainState, replicas: Replicas = ALONE) -> dict[str, jax.Array]:
     """Everything an iteration logs; `infos` holds each minibatch step's loss terms."""
-    losses = loss_metrics(infos, args.clip_coef)
-    metrics = losses | episode_metrics(traj)
-    metrics["explained_variance"] = explained_variance(batch.value, batch.target)
+    losses = loss_metrics(infos, args.clip_coef, replicas)
+    metrics = losses | episode_metrics(traj, replicas)
+    metrics["explained_variance"] = explained_variance(batch.value, batch.target, replicas)
     metrics["learning_rate"] = optax.tree_utils.tree_get(  # the rate of the last update
         train_state.opt_state, "learning_rate", filtering=lambda _, x: isinstance(x, jax.Array))
     metrics["finite"] = all_finite(train_state.params, losses)
     if args.diagnostics:
         active_units = traj.active_units.any(axis=0)
-        metrics |= diagnostics.training_diagnostics(batch, active_units, infos["log_ratio"])
+        metrics |= diagnostics.training_diagnostics(batch, active_units, infos["log_ratio"],
+                                                    replicas)
     return metrics
 
 
 # --------------------------------------------------------------------------------------------------
-# Data parallel: the one-device update, its environments split over the devices
+# Data parallel: copies of the update side by side, each stepping its share of the environments
 # --------------------------------------------------------------------------------------------------
 # The environments (and all that comes from them) are split along the mesh's "envs" axis; the
 # parameters, optimizer state and key are replicated.
 RUNNER_SPECS = RunnerState(train_state=TrainState(P(), P()), env_state=P("envs"), obs=P("envs"),
                            episode_return=P("envs"), episode_length=P("envs"), key=P())
+
+# The copies are the devices of the "envs" axis: they combine their values with collectives, and
+# each folds its index into its keys.
+DEVICES = Replicas(mean=lambda x: jax.lax.pmean(x, "envs"),
+                   sum=lambda x: jax.lax.psum(x, "envs"),
+                   max=lambda x: jax.lax.pmax(x, "envs"),
+                   own_key=lambda key: jax.random.fold_in(key, jax.lax.axis_index("envs")))
 
 
 def make_mesh(num_devices: int) -> Mesh:
@@ -489,20 +530,14 @@ def make_runner_shardings(mesh: Mesh) -> RunnerState:
 
 def make_parallel_update_step(args: Args, env, env_params, network: hk.Transformed,
                               optimizer: optax.GradientTransformation, mesh: Mesh):
-    """The one-device `update_step`, jitted with its environments split over the mesh and each
-    minibatch's rows split the same way. XLA partitions the program and adds the reductions (the
-    gradient's mean, the metrics). JAX draws the same random numbers however an array is split, so
-    every device count runs the same algorithm on the same draws; only the order in which sums are
-    added differs (docs/ppo_breakout.md, Determinism)."""
-    split_rows = NamedSharding(mesh, P(None, "envs"))  # (minibatch, row): each device some rows
-
-    def layout(rows: jax.Array) -> jax.Array:
-        return jax.lax.with_sharding_constraint(rows, split_rows)
-
-    update_step = make_update_step(args, env, env_params, network, optimizer, layout)
-    runners = make_runner_shardings(mesh)
-    return jax.jit(update_step, in_shardings=(runners,),
-                   out_shardings=(runners, NamedSharding(mesh, P())))
+    """`update_step` under `jax.shard_map`, one copy per device of the mesh: each steps its share
+    of the environments and takes its share of every minibatch (a stratified draw), all holding
+    the same parameters throughout."""
+    update_step = make_update_step(args, env, env_params, network, optimizer, DEVICES)
+    # check_vma=False: with the check on, JAX would itself sum the replicated parameters' gradient
+    # over the devices, on top of update_minibatch's mean. A test checks they stay replicated.
+    return jax.jit(jax.shard_map(update_step, mesh=mesh, in_specs=(RUNNER_SPECS,),
+                                 out_specs=(RUNNER_SPECS, P()), check_vma=False))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -619,7 +654,7 @@ def fill_runtime_fields(args: Args) -> Args:
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
-    if not args.num_devices:  # at most 8: only 1, 2 and 4 were measured
+    if not args.num_devices:  # at most 8 (docs/ppo_breakout.md: Speed)
         fits = lambda n: args.num_envs % n == 0 and args.minibatch_size % n == 0  # noqa: E731
         args.num_devices = max(n for n in range(1, min(len(jax.devices()), 8) + 1) if fits(n))
     return args

@@ -182,6 +182,19 @@ def confirmation_table() -> str:
     return "\n".join(lines)
 
 
+def fresh_seeds_table() -> str:
+    """Today's defaults on 40 fresh Breakout seeds at 1M steps, under both protocols."""
+    result = load("confirmation", "defaults_sticky_layernorm.json")
+    lines = ["| protocol | seeds | mean [95% CI] | IQM [95% CI] | lowest, highest seed "
+             "| seeds at 40 or more |", "|---|---:|---:|---:|---|---:|"]
+    for label, key in (("gymnax's", "eval_returns"), ("MinAtar's", "eval_returns_minatar")):
+        returns = np.array(result[key])
+        summary = stats.summarize(returns)
+        lines.append(f"| {label} | {len(returns)} | {ci(summary['mean'])} | {ci(summary['iqm'])} "
+                     f"| {returns.min():.1f}, {returns.max():.1f} | {(returns >= 40).sum()} |")
+    return "\n".join(lines)
+
+
 def confirmation_commands() -> str:
     results = [load("confirmation", f) for f in CONFIRMATION]
     return "\n".join(["```bash", *[pinned(r["command"], r["ppo_args"]) for r in results], "```"])
@@ -433,14 +446,14 @@ LONG_SCREEN = {"stickyln": "today's defaults", "lr2e-3": "learning rate 2e-3",
 
 def game_screen_table(game: str, steps: int) -> str:
     """Per setting on one game: the per-seed returns and their mean under each protocol, the mean's
-    paired difference from the defaults, and the harness's training seconds (a loaded machine)."""
+    paired difference from the defaults (seeds 1-4 of each, paired)."""
     def path(setting: str) -> str:
         return os.path.join(ROOT, RESULTS, "screen", f"{setting}__{game}__{steps}.json")
 
     base = load("screen", f"stickyln__{game}__{steps}.json")
     lines = ["| setting | gymnax's protocol, per seed | mean [95% CI] | vs defaults [95% CI] "
-             "| MinAtar's protocol, mean [95% CI] | vs defaults [95% CI] | training s |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+             "| MinAtar's protocol, mean [95% CI] | vs defaults [95% CI] |",
+             "|---|---|---:|---:|---:|---:|"]
     for setting, label in LONG_SCREEN.items():
         if not os.path.exists(path(setting)):
             continue
@@ -450,7 +463,6 @@ def game_screen_table(game: str, steps: int) -> str:
             cells.append(ci(stats.summarize(result[key])["mean"]))
             cells.append("" if setting == "stickyln" else
                          signed_ci(stats.compare(base[key], result[key])["mean_difference"]))
-        cells.append(f"{result['timing']['train_seconds']:.0f}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -573,6 +585,59 @@ def long_runs_figure() -> None:
     plt.close(fig)
 
 
+BREAKOUT_BUDGETS = (10_000_000, 20_000_000)  # today's defaults on Breakout, harness seeds
+
+
+def breakout_budgets_figure() -> None:
+    """docs/figures/ppo_breakout/breakout_20m.png: the training return of each seed of today's
+    defaults on Breakout at 10M and at 20M steps (its annealed learning rate reaches 0 at the end
+    of each run), with the pooled curve."""
+    runs = [(steps, os.path.join(ROOT, RESULTS, "screen", f"stickyln__Breakout__{steps}.json"))
+            for steps in BREAKOUT_BUDGETS]
+    runs = [(steps, path) for steps, path in runs if os.path.exists(path)]
+    if len(runs) < len(BREAKOUT_BUDGETS):
+        return
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    for color, (steps, path) in zip(("C0", "C1"), runs):
+        with open(path) as f:
+            result = json.load(f)
+        x = np.array(result["curve"]["steps"]) / 1e6
+        per_seed = np.array(result["curve"]["return_sums"]) / np.maximum(result["curve"]["episodes"], 1)
+        for i, returns in enumerate(per_seed):
+            ax.plot(x, returns, color=color, lw=0.6, alpha=0.5)
+        ax.plot(x, result["pooled_curve"]["return"], color=color, lw=2,
+                label=f"{steps // 1_000_000}M steps, {len(per_seed)} seeds (thin: each seed)")
+    ax.set(xlabel="environment steps (millions)", ylabel="training return (sticky actions 0.1)",
+           title="Breakout, today's defaults: trained for 10M and for 20M steps")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(ROOT, SCRIPT_FIGURES, "breakout_20m.png"), dpi=80)
+    plt.close(fig)
+
+
+def breakout_budgets_table() -> str:
+    """Today's defaults on Breakout by training length: the evaluation of each seed's final policy."""
+    lines = ["| steps | seeds | gymnax's protocol, per seed | mean [95% CI] | MinAtar's protocol, "
+             "per seed | mean [95% CI] | largest logit gap, per seed |",
+             "|---:|---:|---|---:|---|---:|---|"]
+    for steps in (1_000_000, *BREAKOUT_BUDGETS):
+        path = os.path.join(ROOT, RESULTS, "screen", f"stickyln__Breakout__{steps}.json")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            result = json.load(f)
+        cells = [f"{steps // 1_000_000}M", str(len(result["seeds"]))]
+        for key in ("eval_returns", "eval_returns_minatar"):
+            returns = np.array(result[key])
+            cells += [", ".join(f"{r:.1f}" for r in returns),
+                      ci({"value": returns.mean(), "ci": stats.bootstrap_ci(returns, stats.mean)})]
+        gaps = (result.get("stability") or {}).get("logit_gap_max")
+        cells.append(", ".join(f"{g:.0f}" for g in gaps) if gaps else "")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def ratio_figure() -> None:
     """docs/figures/loss_stability/ratio_in_training.png: per seed, each ratio's return and largest logit gap."""
     plt = _pyplot()
@@ -613,7 +678,8 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "defaults-speed": lambda: script_speed_table("script_speed_defaults.json"),
           "screen-commands": screen_commands, "games-10m": games_10m_table,
           "games-10m-commands": games_10m_commands, "readme-games": readme_games_table,
-          "readme-games-commands": readme_games_commands, "device-speed": device_speed_table,
+          "readme-games-commands": readme_games_commands, "device-speed": device_speed_table, "breakout-budgets": breakout_budgets_table, "fresh-seeds": fresh_seeds_table,
+          "readable-speed": lambda: script_speed_table("script_speed_readable.json"),
           "asterix-5m": lambda: game_screen_table("Asterix", 5_000_000),
           "asterix-5m-commands": lambda: game_screen_commands("Asterix", 5_000_000),
           "breakout-1m-screen": lambda: game_screen_table("Breakout", 1_000_000),
@@ -718,6 +784,7 @@ def main() -> None:
     search_figure()
     confirmation_figure()
     long_runs_figure()
+    breakout_budgets_figure()
     ratio_figure()
 
 

@@ -16,9 +16,8 @@ With --checkpoint-dir, the training state is written there after every chunk; a 
 resumes from its last chunk when the same command runs again, and ends with the same result, bit for
 bit, as a run never interrupted.
 
-Seed k here draws the same random numbers as `ppo_breakout.py --seed k`, which splits one seed's
-environments over the devices; the two agree up to floating-point rounding, which grows over a long
-run as it does between CPUs. Docs: docs/tuning.md.
+Seed k here is not `ppo_breakout.py --seed k`: the script splits one seed's environments over the
+devices and folds the device index into its keys. Docs: docs/tuning.md.
 
 Run:  python benchmarks/tune.py --num-seeds 8 --ppo.gae-lambda 0.95 --out lambda95.json
 """

@@ -22,7 +22,6 @@ import pytest
 import rlax
 import safetensors.numpy
 import tyro
-from jax.sharding import NamedSharding
 from PIL import Image, ImageSequence
 from jax.sharding import PartitionSpec as P
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -346,11 +345,11 @@ def test_rollout_records_only_completed_episodes_and_the_pre_reset_value():
     assert np.all(np.asarray(traj.action) == 1) and np.all(np.asarray(traj.reward) == 1)
 
 
-def test_rollout_value_of_final_obs_with_split_environments_and_under_vmap():
-    # The rollout's lax.cond on "some environment was truncated" runs with the environments split
-    # over two devices (the script) and becomes a select under vmap (benchmarks/tune.py). Either way
-    # a truncated step must carry v(final_obs) = 0.4 (time 4 / 10) and every other step 0, also on
-    # the steps where one half of the environments has a truncation and the other has none.
+def test_rollout_value_of_final_obs_per_device_and_under_vmap():
+    # The rollout's lax.cond on "some environment was truncated" decides per device under shard_map
+    # (the script) and becomes a select under vmap (benchmarks/tune.py). Either way a truncated step
+    # must carry v(final_obs) = 0.4 (time 4 / 10) and every other step 0, also on the steps where
+    # one device or one vmapped runner has a truncation and the other has none.
     env, env_params = ProbeEnv(), ProbeEnv().default_params
     network = hk.without_apply_rng(hk.transform(always_action_one))
     num_envs = 16
@@ -361,11 +360,11 @@ def test_rollout_value_of_final_obs_with_split_environments_and_under_vmap():
     def check(traj, groups):
         assert_truncated_steps_carry_the_value_of_final_obs(traj)
         any_truncated = [group.any(axis=1) for group in groups(np.asarray(traj.truncated))]
-        assert (any_truncated[0] != any_truncated[1]).any()  # the halves differ on some step
+        assert (any_truncated[0] != any_truncated[1]).any()  # the cond went both ways on one step
 
-    mesh = ppo.make_mesh(2)
-    split = jax.jit(rollout, in_shardings=(ppo.make_runner_shardings(mesh),))
-    check(split(probe_runner(jax.random.key(1), num_envs)),
+    on_devices = jax.jit(jax.shard_map(rollout, mesh=ppo.make_mesh(2), in_specs=(ppo.RUNNER_SPECS,),
+                                       out_specs=P(None, "envs"), check_vma=False))
+    check(on_devices(probe_runner(jax.random.key(1), num_envs)),
           lambda x: (x[:, :num_envs // 2], x[:, num_envs // 2:]))
 
     runners = jax.vmap(probe_runner, in_axes=(0, None))(jax.random.split(jax.random.key(2), 2), num_envs)
@@ -521,19 +520,22 @@ def test_training_diagnostics_against_numpy_on_one_and_two_devices():
                       advantage=jnp.asarray(rng.normal(loc=2.0, size=n), jnp.float32),
                       target=jnp.asarray(rng.normal(size=n), jnp.float32))
     b = jax.device_get(batch)
-    active = jnp.array([1, 1, 1, 1, 1, 1, 0, 0], bool)  # 2 of 8 units silent
-    # The update's log-ratios, (epochs=1, minibatches=2, rows=4); 2.0 lies beyond the histogram.
-    log_ratio = jnp.array([[[-0.3, 0.1, 0.2, 0.5], [-0.1, 0.0, 0.4, 2.0]]])
+    # Units 0-3 fired on device 0's share, units 2-5 on device 1's; 6 and 7 on neither: 2 of 8 silent.
+    active = jnp.array([[1, 1, 1, 1, 0, 0, 0, 0], [0, 0, 1, 1, 1, 1, 0, 0]], bool)
+    # Each device's log-ratios, (epochs=1, minibatches=2, rows=2); 2.0 lies beyond the histogram.
+    log_ratio = jnp.array([[[[-0.3, 0.1], [0.2, 0.5]]], [[[-0.1, 0.0], [0.4, 2.0]]]])
     expected = {
         "logit_gap_max": (b.logits.max(1) - b.logits.min(1)).max(),
         "advantage_mean": b.advantage.mean(), "advantage_std": b.advantage.std(),
         "value_error": np.sqrt(np.mean((b.target - b.value) ** 2)),
         "silent_units": 2 / 8, "log_ratio_min": -0.3, "log_ratio_max": 2.0,
     }
-    single = jax.jit(diagnostics.training_diagnostics)(batch, active, log_ratio)
-    mesh = ppo.make_mesh(2)  # the batch's rows split over two devices, as in the script
-    rows = NamedSharding(mesh, P("envs"))
-    parallel = jax.jit(diagnostics.training_diagnostics, in_shardings=(rows, None, None))(
+    single = jax.jit(diagnostics.training_diagnostics)(
+        batch, active.any(axis=0), jnp.concatenate([log_ratio[0], log_ratio[1]], axis=-1))
+    parallel = jax.jit(jax.shard_map(
+        lambda batch, active, log_ratio: diagnostics.training_diagnostics(
+            batch, active[0], log_ratio[0], ppo.DEVICES),
+        mesh=ppo.make_mesh(2), in_specs=P("envs"), out_specs=P(), check_vma=False))(
         batch, active, log_ratio)
     for result in (single, parallel):
         for name, value in expected.items():
@@ -543,43 +545,43 @@ def test_training_diagnostics_against_numpy_on_one_and_two_devices():
             h = result["histograms"][name]
             np.testing.assert_array_equal(h["counts"], np.histogram(data, np.asarray(h["edges"]))[0])
             np.testing.assert_allclose([h["edges"][0], h["edges"][-1]], [data.min(), data.max()], rtol=1e-6)
-        # Every log-ratio of both minibatches, the 2.0 in the last bin.
+        # Every log-ratio of both devices, the 2.0 in the last bin.
         expected_counts = np.histogram(np.clip(log_ratio, -1, 0.999), np.linspace(-1, 1, 31))[0]
         np.testing.assert_array_equal(result["histograms"]["log_ratio"]["counts"], expected_counts)
 
 
-def test_two_devices_run_the_one_device_iteration():
-    # The script's wiring (make_parallel_update_step) with the environments and the minibatches'
-    # rows split over two devices must compute the one-device iteration: the same random draws (so
-    # the same episodes) and the same step, up to the order floating-point sums are added in.
-    # Plain SGD keeps a gradient's rounding difference as small as it is (Adam would blow a tiny
-    # gradient's up to a full step).
-    args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=16, num_minibatches=2,
-                                            update_epochs=2, total_timesteps=8 * 16 * 3))
-    env, env_params = ppo.make_env(args.env_id, args.sticky_action_prob)
+def test_data_parallel_step_equals_the_single_device_step_on_the_whole_minibatch():
+    # Two devices, each with half of a minibatch, must take exactly the step one device takes on all
+    # of it. The halves have different advantage statistics, so normalising per device would fail.
+    assert len(jax.devices()) >= 2  # conftest.py asks for two CPU devices
+    args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=32, num_minibatches=1))
     network = ppo.make_network(3, args.hidden_sizes, args.activation, args.layer_norm)
-    optimizer = optax.sgd(0.05)
-    init = functools.partial(ppo.init_runner, env=env, env_params=env_params, network=network,
-                             optimizer=optimizer, num_envs=args.num_envs)
-    one = ppo.init_runner(jax.random.key(3), env, env_params, network, optimizer, args.num_envs)
-    one_step = jax.jit(ppo.make_update_step(args, env, env_params, network, optimizer))
-    mesh = ppo.make_mesh(2)
-    two = jax.jit(init, out_shardings=ppo.make_runner_shardings(mesh))(jax.random.key(3))
-    two_step = ppo.make_parallel_update_step(args, env, env_params, network, optimizer, mesh)
-    start = one.train_state.params
-    for _ in range(args.num_iterations):
-        one, one_metrics = one_step(one)
-        two, two_metrics = two_step(two)
-        for name in ("episodes", "episode_return_sum", "episode_length_sum"):
-            assert one_metrics[name] == two_metrics[name], name
-        for name in ("policy_loss", "value_loss", "entropy", "approx_kl", "grad_norm"):
-            np.testing.assert_allclose(one_metrics[name], two_metrics[name], rtol=1e-4, atol=1e-7)
-    assert one_metrics["episodes"] > 0
-    np.testing.assert_array_equal(one.obs, two.obs)  # the environments went the same way
-    for a, b, first in zip(*(jax.tree.leaves(x) for x in (one.train_state.params,
-                                                          two.train_state.params, start))):
+    keys = jax.random.split(jax.random.key(0), 6)
+    n = args.minibatch_size
+    mb = ppo.Batch(
+        obs=jax.random.bernoulli(keys[0], 0.1, (n, 10, 10, 4)).astype(jnp.float32),
+        action=jax.random.randint(keys[1], (n,), 0, 3),
+        logits=jax.random.normal(keys[2], (n, 3)),
+        value=jax.random.normal(keys[3], (n,)),
+        advantage=jnp.concatenate([2.0 + jax.random.normal(keys[4], (n // 2,)),
+                                   -1.0 + 3.0 * jax.random.normal(keys[5], (n // 2,))]),
+        target=jnp.linspace(-1.0, 3.0, n))
+    params = network.init(keys[0], mb.obs)
+    optimizer = optax.sgd(1.0)  # an update linear in the gradient: a gradient off by a factor shows
+    train_state = ppo.TrainState(params, optimizer.init(params))
+
+    (single, _), _ = jax.jit(functools.partial(
+        ppo.update_minibatch, network=network, optimizer=optimizer, args=args))(train_state, mb)
+    step = jax.shard_map(functools.partial(ppo.update_minibatch, network=network, optimizer=optimizer,
+                                           args=args, replicas=ppo.DEVICES),
+                         mesh=ppo.make_mesh(2), in_specs=(P(), P("envs")), out_specs=(P(), P()),
+                         check_vma=False)
+    (parallel, _), _ = jax.jit(step)(train_state, mb)
+
+    moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), single, params)
+    assert min(jax.tree.leaves(moved)) > 1e-4  # a real step, not a no-op
+    for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(parallel)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-        assert not np.allclose(a, first)  # they moved
 
 
 def test_parallel_update_step_keeps_every_device_on_the_same_parameters():

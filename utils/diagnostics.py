@@ -1,6 +1,6 @@
-"""Training diagnostics of ppo_breakout.py (--diagnostics): summaries of each iteration's rollout and
-update, computed inside the jitted step so that only a few numbers and fixed-bin histograms reach the
-host."""
+"""Training diagnostics of ppo_breakout.py (--diagnostics): summaries of each iteration's rollout
+and update, computed inside the jitted step so that only a few numbers and fixed-bin histograms
+reach the host."""
 
 import jax
 import jax.numpy as jnp
@@ -19,25 +19,37 @@ def bin_counts(x: jax.Array, low: jax.Array | float, high: jax.Array | float) ->
     return (bins[:, None] == jnp.arange(HISTOGRAM_BINS)).sum(0)
 
 
-def histogram(x: jax.Array, low: jax.Array | float, high: jax.Array | float) -> dict:
-    edges = jnp.linspace(low, high, HISTOGRAM_BINS + 1)
-    return {"counts": bin_counts(x, low, high), "edges": edges}
+def histogram(x: jax.Array, low: jax.Array | float, high: jax.Array | float, total=None) -> dict:
+    """Counts of `x` in HISTOGRAM_BINS equal bins over [low, high], and the bins' edges; `total`
+    adds up the counts of copies that run side by side."""
+    counts = bin_counts(x, low, high)
+    return {"counts": counts if total is None else total(counts),
+            "edges": jnp.linspace(low, high, HISTOGRAM_BINS + 1)}
 
 
-def training_diagnostics(batch, active_units: jax.Array, log_ratio: jax.Array) -> dict:
+def training_diagnostics(batch, active_units: jax.Array, log_ratio: jax.Array,
+                         replicas=None) -> dict:
     """The diagnostics/ scalars and histograms of one iteration: the logit gap (what
     loss_stability.py sweeps), the log-ratio range, advantage and value statistics, torso units
     silent on the whole rollout, action frequencies. `batch` is the update's Batch, `active_units`
     which torso features fired on some observation of the rollout, `log_ratio` the update's
-    log-ratios of every minibatch step."""
+    log-ratios of every minibatch step. Copies of the update that run side by side (ppo_breakout's
+    Replicas) combine theirs with `replicas.mean`, `.sum` and `.max`."""
+    same = lambda x: x  # noqa: E731
+    mean, total, largest = (replicas.mean, replicas.sum, replicas.max) if replicas else (same,) * 3
     spread = {"logits": batch.logits, "advantage": batch.advantage, "value": batch.value}
-    histograms = {name: histogram(x, x.min(), jnp.maximum(x.max(), x.min() + 1e-6))
-                  for name, x in spread.items()}
-    histograms["log_ratio"] = histogram(log_ratio, -LOG_RATIO_RANGE, LOG_RATIO_RANGE)
-    action_counts = jnp.bincount(batch.action, length=batch.logits.shape[-1])
-    return {"logit_gap_max": (batch.logits.max(-1) - batch.logits.min(-1)).max(),
-            "log_ratio_min": log_ratio.min(), "log_ratio_max": log_ratio.max(),
-            "advantage_mean": batch.advantage.mean(), "advantage_std": batch.advantage.std(),
-            "value_error": jnp.sqrt(jnp.square(batch.target - batch.value).mean()),
-            "silent_units": 1.0 - active_units.mean(),
+    histograms = {}
+    for name, x in spread.items():
+        low, high = -largest(-x.min()), largest(x.max())
+        histograms[name] = histogram(x, low, jnp.maximum(high, low + 1e-6), total)
+    histograms["log_ratio"] = histogram(log_ratio, -LOG_RATIO_RANGE, LOG_RATIO_RANGE, total)
+    action_counts = total(jnp.bincount(batch.action, length=batch.logits.shape[-1]))
+    advantage_mean = mean(batch.advantage.mean())
+    advantage_sq = mean(jnp.square(batch.advantage).mean())
+    return {"logit_gap_max": largest((batch.logits.max(-1) - batch.logits.min(-1)).max()),
+            "log_ratio_min": -largest(-log_ratio.min()), "log_ratio_max": largest(log_ratio.max()),
+            "advantage_mean": advantage_mean,
+            "advantage_std": jnp.sqrt(jnp.maximum(advantage_sq - jnp.square(advantage_mean), 0.0)),
+            "value_error": jnp.sqrt(mean(jnp.square(batch.target - batch.value).mean())),
+            "silent_units": 1.0 - largest(active_units.astype(jnp.float32)).mean(),
             "action_frequency": action_counts / action_counts.sum(), "histograms": histograms}
