@@ -379,7 +379,8 @@ def init_runner(key: jax.Array, env, env_params, network: hk.Transformed,
 
 class Replicas(NamedTuple):
     """How the copies of the update that run side by side (see "Data parallel") combine what they
-    computed on their own environments. Alone, there is nothing to combine: each is the identity."""
+    computed on their own environments, a value or a dict of them at once. Alone, there is nothing
+    to combine: each is the identity."""
     mean: Any = lambda x: x  # the mean over the copies
     sum: Any = lambda x: x
     max: Any = lambda x: x
@@ -458,7 +459,7 @@ def loss_metrics(infos: dict[str, jax.Array], clip_coef: float,
     # The low-variance KL estimator k3 = (r - 1) - log r (http://joschu.net/blog/kl-approx.html).
     metrics["approx_kl"] = jnp.mean((ratio - 1.0) - log_ratio)
     metrics["clipfrac"] = jnp.mean(jnp.abs(ratio - 1.0) > clip_coef)
-    return {name: replicas.mean(value) for name, value in metrics.items()}
+    return replicas.mean(metrics)  # one reduction for all of them
 
 
 def explained_variance(values: jax.Array, targets: jax.Array,
@@ -466,19 +467,16 @@ def explained_variance(values: jax.Array, targets: jax.Array,
     """1 - Var[target - value] / Var[target]: 1 is a perfect critic, 0 one that predicts the
     mean. From first and second moments, which the copies average."""
     error = targets - values
-    error_mean = replicas.mean(error.mean())
-    error_sq = replicas.mean(jnp.square(error).mean())
-    target_mean = replicas.mean(targets.mean())
-    target_sq = replicas.mean(jnp.square(targets).mean())
-    return 1.0 - (error_sq - error_mean**2) / (target_sq - target_mean**2)
+    m = replicas.mean({"error": error.mean(), "error_sq": jnp.square(error).mean(),
+                       "target": targets.mean(), "target_sq": jnp.square(targets).mean()})
+    return 1.0 - (m["error_sq"] - m["error"]**2) / (m["target_sq"] - m["target"]**2)
 
 
 def episode_metrics(traj: Transition, replicas: Replicas = ALONE) -> dict[str, jax.Array]:
     """How many episodes ended in the rollout, and their summed returns and lengths."""
     done = traj.terminated | traj.truncated
-    return {"episodes": replicas.sum(done.sum()),
-            "episode_return_sum": replicas.sum(traj.episode_return.sum()),
-            "episode_length_sum": replicas.sum(traj.episode_length.sum())}
+    return replicas.sum({"episodes": done.sum(), "episode_return_sum": traj.episode_return.sum(),
+                         "episode_length_sum": traj.episode_length.sum()})
 
 
 def all_finite(params: hk.Params, losses: dict[str, jax.Array]) -> jax.Array:
