@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks.harness_speed import timed  # noqa: E402
 from benchmarks.results_table import cpu_name  # noqa: E402
-from benchmarks.script_speed import fail  # noqa: E402
+from benchmarks.script_speed import check_rounds_and_out, fail  # noqa: E402
 
 COMMAND = ["--seed", "1", "--exp-name", "speed"]
 
@@ -65,10 +65,7 @@ def run_once(cores: str, devices: int, workdir: str) -> dict:
 
 def main() -> None:
     args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
-    if args.rounds < 1:
-        fail(f"--rounds must be positive, got {args.rounds}")
-    if args.out and os.path.exists(args.out):
-        fail(f"--out {args.out} exists; choose another name")
+    check_rounds_and_out(args.rounds, args.out)
     if shutil.which("taskset") is None:
         fail("taskset is not installed (util-linux)")
     configs = {config: parse(config) for config in args.configs}

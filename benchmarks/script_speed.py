@@ -58,12 +58,16 @@ def run_once(tree: str, extra: list[str], workdir: str) -> dict:
             "eval_seconds": summary["eval_seconds"], "sampled": summary["eval"]["sampled"]["mean"]}
 
 
+def check_rounds_and_out(rounds: int, out: str) -> None:
+    if rounds < 1:
+        fail(f"--rounds must be positive, got {rounds}")
+    if out and os.path.exists(out):
+        fail(f"--out {out} exists; choose another name")
+
+
 def main() -> None:
     args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
-    if args.rounds < 1:
-        fail(f"--rounds must be positive, got {args.rounds}")
-    if args.out and os.path.exists(args.out):
-        fail(f"--out {args.out} exists; choose another name")
+    check_rounds_and_out(args.rounds, args.out)
     if subprocess.run(["git", "-C", ROOT, "rev-parse", "--git-dir"], capture_output=True).returncode:
         fail(f"--base {args.base}: the earlier commit comes from a git checkout, and {ROOT} is "
              "not one")
