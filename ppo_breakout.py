@@ -26,12 +26,12 @@ import sys
 import time
 from typing import Any, Literal, NamedTuple
 
-# As a script, JAX's CPU backend gets one device per core, for the data-parallel update. It must
-# be set before JAX starts, and importing gymnax starts it; a process importing this file keeps its
-# own setting.
+# As a script, JAX's CPU backend gets one device per core and at least two, for the data-parallel
+# update. It must be set before JAX starts, and importing gymnax starts it; a process importing
+# this file keeps its own setting.
 if __name__ == "__main__":
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(cores or 1))
+    os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(max(cores or 1, 2)))
 
 import gymnax
 import haiku as hk
@@ -106,8 +106,8 @@ class Args:
     eval_episodes: int = 256
     """the number of complete episodes the final policy is evaluated on, per protocol and policy"""
     num_devices: int = 0
-    """devices the environments are split across (0: the most, up to 8, that divide the batch); a
-    seed replays the same run only with the same count"""
+    """devices the environments are split across (0: two, or one where JAX has one or the batch
+    does not split in two); a seed replays the same run only with the same count"""
     jax_cache_dir: str = "~/.cache/jax-ppo"
     """JAX's persistent compilation cache, so a rerun skips compiling; at most 1 GiB, in a
     directory no uncapped JAX program writes to ("" turns it off)"""
@@ -652,9 +652,9 @@ def fill_runtime_fields(args: Args) -> Args:
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
-    if not args.num_devices:  # at most 8 (docs/ppo_breakout.md: Speed)
-        fits = lambda n: args.num_envs % n == 0 and args.minibatch_size % n == 0  # noqa: E731
-        args.num_devices = max(n for n in range(1, min(len(jax.devices()), 8) + 1) if fits(n))
+    if not args.num_devices:  # two wherever JAX has two: then a seed is one run on any CPU count
+        fits = args.num_envs % 2 == 0 and args.minibatch_size % 2 == 0
+        args.num_devices = 2 if fits and len(jax.devices()) >= 2 else 1
     return args
 
 

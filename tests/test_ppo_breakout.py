@@ -1053,6 +1053,17 @@ def test_importing_the_script_changes_nothing_global():
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
 
 
+def test_the_default_device_count_is_two_whatever_the_machine_has():
+    # A seed is one run only on one device count: the default must not follow the core count.
+    code = ("import ppo_breakout as p; print(p.fill_runtime_fields(p.Args()).num_devices, "
+            "p.fill_runtime_fields(p.Args(num_envs=63, num_minibatches=1)).num_devices)")
+    for devices in ("4", "8"):
+        env = os.environ | {"JAX_NUM_CPU_DEVICES": devices}
+        done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                              text=True)
+        assert done.stdout.split() == ["2", "1"], done.stderr  # 63 environments do not split in two
+
+
 def test_approx_kl_is_the_low_variance_k3_estimator_not_the_naive_one():
     # k3 = (r - 1) - log r over the minibatch's actions; the naive k1 = -log r has the same mean in
     # expectation but a far larger variance, and goes negative (http://joschu.net/blog/kl-approx.html).
