@@ -26,12 +26,15 @@ import sys
 import time
 from typing import Any, Literal, NamedTuple
 
-# As a script, JAX's CPU backend gets one device per core and at least two, for the data-parallel
-# update. It must be set before JAX starts, and importing gymnax starts it; a process importing
-# this file keeps its own setting.
+# Start-up, as a script only (a process importing this file keeps its own settings):
+# - JAX's CPU backend gets one device per core and at least two, for the data-parallel update; it
+#   must be set before JAX starts, and importing gymnax starts it;
+# - the garbage collector is off while the imports load, and their ~650k objects are then frozen
+#   out of its later passes (the __main__ block at the end; docs/ppo_breakout.md: Speed).
 if __name__ == "__main__":
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(max(cores or 1, 2)))
+    gc.disable()
 
 import gymnax
 import haiku as hk
@@ -988,7 +991,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # Start-up speed: the ~650k objects the imports made are frozen out of the garbage collector's
-    # later passes, so tracing and compiling do not walk them again (docs: Speed). As a script only.
-    gc.freeze()
+    gc.freeze()  # the imports' objects, out of later collections (see the start-up block above)
+    gc.enable()
     main()

@@ -682,6 +682,7 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "games-10m-commands": games_10m_commands, "readme-games": readme_games_table,
           "readme-games-commands": readme_games_commands, "device-speed": device_speed_table, "breakout-budgets": breakout_budgets_table, "fresh-seeds": fresh_seeds_table,
           "readable-speed": lambda: script_speed_table("script_speed_readable.json"),
+          "widths-speed": lambda: script_speed_table("script_speed_widths.json"),
           "asterix-5m": lambda: game_screen_table("Asterix", 5_000_000),
           "asterix-5m-commands": lambda: game_screen_commands("Asterix", 5_000_000),
           "breakout-1m-screen": lambda: game_screen_table("Breakout", 1_000_000),
