@@ -380,43 +380,30 @@ def init_runner(key: jax.Array, env, env_params, network: hk.Transformed,
                        episode_length=jnp.zeros(num_envs, jnp.int32), key=key)
 
 
-class Replicas(NamedTuple):
-    """How the copies of the update that run side by side (see "Data parallel") combine what they
-    computed on their own environments, a value or a dict of them at once. Alone, there is nothing
-    to combine: each is the identity."""
-    mean: Any = lambda x: x  # the mean over the copies
-    sum: Any = lambda x: x
-    max: Any = lambda x: x
-    own_key: Any = lambda key: key  # a key for this copy's own random draws
-
-
-ALONE = Replicas()
+class Iteration(NamedTuple):
+    """What an iteration's metrics are computed from."""
+    traj: Transition  # the rollout, (num_steps, num_envs, ...)
+    batch: Batch  # the update's batch, (num_steps * num_envs, ...)
+    infos: dict[str, jax.Array]  # each gradient step's terms, (update_epochs, num_minibatches, ...)
 
 
 def update_minibatch(train_state: TrainState, mb: Batch, network: hk.Transformed,
-                     optimizer: optax.GradientTransformation, args: Args,
-                     replicas: Replicas = ALONE):
-    """One gradient step on a minibatch; its loss terms and gradient norm come back. Side by side,
-    the copies share the advantage moments and the gradient: the step is the one-copy step on the
-    whole minibatch."""
+                     optimizer: optax.GradientTransformation, args: Args):
+    """One gradient step on a minibatch; its loss terms and gradient norm come back."""
     if args.norm_adv:
-        moments = jnp.stack([mb.advantage.mean(), jnp.square(mb.advantage).mean()])
-        mean, mean_sq = replicas.mean(moments)
-        std = jnp.sqrt(jnp.maximum(mean_sq - jnp.square(mean), 0.0))
+        mean = mb.advantage.mean()
+        std = jnp.sqrt(jnp.maximum(jnp.square(mb.advantage).mean() - jnp.square(mean), 0.0))
         mb = mb._replace(advantage=(mb.advantage - mean) / (std + 1e-8))
     grads, info = jax.grad(ppo_loss, has_aux=True)(train_state.params, network, mb, args)
-    flat_grads, unravel = jax.flatten_util.ravel_pytree(grads)
-    flat_grads = replicas.mean(flat_grads)  # one mean for the whole gradient
-    info["grad_norm"] = jnp.linalg.norm(flat_grads)  # before clipping
-    updates, opt_state = optimizer.update(unravel(flat_grads), train_state.opt_state,
-                                          train_state.params)
+    info["grad_norm"] = optax.tree.norm(grads)  # before clipping
+    updates, opt_state = optimizer.update(grads, train_state.opt_state, train_state.params)
     return TrainState(optax.apply_updates(train_state.params, updates), opt_state), info
 
 
-def make_update_step(args: Args, env, env_params, network: hk.Transformed,
-                     optimizer: optax.GradientTransformation, replicas: Replicas = ALONE):
-    """The function that runs one PPO iteration on a RunnerState; the caller jits it. Sizes are
-    read from the arrays, so side by side (see "Data parallel") they are one copy's share."""
+def make_ppo_iteration(args: Args, env, env_params, network: hk.Transformed,
+                       optimizer: optax.GradientTransformation):
+    """The function that runs one PPO iteration on a RunnerState: rollout, GAE, and the epochs of
+    minibatch steps. It returns the new RunnerState and what the metrics need."""
     def update_epoch(train_state: TrainState, key: jax.Array, batch: Batch):
         # A fresh permutation every epoch, cut into minibatches of row indices; each step gathers
         # its rows, so no shuffled copy of the batch is made.
@@ -425,14 +412,12 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
 
         def minibatch_step(train_state: TrainState, rows: jax.Array):
             mb = jax.tree.map(lambda x: x[rows], batch)
-            return update_minibatch(train_state, mb, network, optimizer, args, replicas)
+            return update_minibatch(train_state, mb, network, optimizer, args)
 
         return jax.lax.scan(minibatch_step, train_state, order)
 
-    def update_step(runner: RunnerState) -> tuple[RunnerState, dict[str, jax.Array]]:
+    def ppo_iteration(runner: RunnerState) -> tuple[RunnerState, Iteration]:
         next_key, rollout_key, epochs_key = jax.random.split(runner.key, 3)
-        rollout_key = replicas.own_key(rollout_key)  # each copy its own actions and minibatches
-        epochs_key = replicas.own_key(epochs_key)
         runner, traj = collect_trajectories(runner._replace(key=rollout_key), env, env_params,
                                             network, args.num_steps)
         _, last_value = network.apply(runner.train_state.params, runner.obs)
@@ -443,8 +428,19 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
         epoch_keys = jax.random.split(epochs_key, args.update_epochs)
         train_state, infos = jax.lax.scan(functools.partial(update_epoch, batch=batch),
                                           runner.train_state, epoch_keys)
-        runner = runner._replace(train_state=train_state, key=next_key)
-        return runner, iteration_metrics(args, traj, batch, infos, train_state, replicas)
+        return runner._replace(train_state=train_state, key=next_key), Iteration(traj, batch, infos)
+
+    return ppo_iteration
+
+
+def make_update_step(args: Args, env, env_params, network: hk.Transformed,
+                     optimizer: optax.GradientTransformation):
+    """One PPO iteration and its metrics, on one device; the caller jits it."""
+    ppo_iteration = make_ppo_iteration(args, env, env_params, network, optimizer)
+
+    def update_step(runner: RunnerState) -> tuple[RunnerState, dict[str, jax.Array]]:
+        runner, iteration = ppo_iteration(runner)
+        return runner, iteration_metrics(args, iteration, runner.train_state)
 
     return update_step
 
@@ -452,8 +448,7 @@ def make_update_step(args: Args, env, env_params, network: hk.Transformed,
 # --------------------------------------------------------------------------------------------------
 # Metrics: what an iteration logs, from its rollout, batch and the update's per-minibatch terms
 # --------------------------------------------------------------------------------------------------
-def loss_metrics(infos: dict[str, jax.Array], clip_coef: float,
-                 replicas: Replicas = ALONE) -> dict[str, jax.Array]:
+def loss_metrics(infos: dict[str, jax.Array], clip_coef: float) -> dict[str, jax.Array]:
     """Means over epochs x minibatches of the loss terms and gradient norm, with the approximate KL
     and the fraction of clipped ratios over all samples."""
     metrics = {name: value.mean() for name, value in infos.items() if name != "log_ratio"}
@@ -462,24 +457,20 @@ def loss_metrics(infos: dict[str, jax.Array], clip_coef: float,
     # The low-variance KL estimator k3 = (r - 1) - log r (http://joschu.net/blog/kl-approx.html).
     metrics["approx_kl"] = jnp.mean((ratio - 1.0) - log_ratio)
     metrics["clipfrac"] = jnp.mean(jnp.abs(ratio - 1.0) > clip_coef)
-    return replicas.mean(metrics)  # one reduction for all of them
+    return metrics
 
 
-def explained_variance(values: jax.Array, targets: jax.Array,
-                       replicas: Replicas = ALONE) -> jax.Array:
+def explained_variance(values: jax.Array, targets: jax.Array) -> jax.Array:
     """1 - Var[target - value] / Var[target]: 1 is a perfect critic, 0 one that predicts the
-    mean. From first and second moments, which the copies average."""
-    error = targets - values
-    m = replicas.mean({"error": error.mean(), "error_sq": jnp.square(error).mean(),
-                       "target": targets.mean(), "target_sq": jnp.square(targets).mean()})
-    return 1.0 - (m["error_sq"] - m["error"]**2) / (m["target_sq"] - m["target"]**2)
+    mean."""
+    return 1.0 - jnp.var(targets - values) / jnp.var(targets)
 
 
-def episode_metrics(traj: Transition, replicas: Replicas = ALONE) -> dict[str, jax.Array]:
+def episode_metrics(traj: Transition) -> dict[str, jax.Array]:
     """How many episodes ended in the rollout, and their summed returns and lengths."""
     done = traj.terminated | traj.truncated
-    return replicas.sum({"episodes": done.sum(), "episode_return_sum": traj.episode_return.sum(),
-                         "episode_length_sum": traj.episode_length.sum()})
+    return {"episodes": done.sum(), "episode_return_sum": traj.episode_return.sum(),
+            "episode_length_sum": traj.episode_length.sum()}
 
 
 def all_finite(params: hk.Params, losses: dict[str, jax.Array]) -> jax.Array:
@@ -488,36 +479,35 @@ def all_finite(params: hk.Params, losses: dict[str, jax.Array]) -> jax.Array:
     return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves]))
 
 
-def iteration_metrics(args: Args, traj: Transition, batch: Batch, infos: dict[str, jax.Array],
-                      train_state: TrainState, replicas: Replicas = ALONE) -> dict[str, jax.Array]:
-    """Everything an iteration logs; `infos` holds each minibatch step's loss terms."""
-    losses = loss_metrics(infos, args.clip_coef, replicas)
-    metrics = losses | episode_metrics(traj, replicas)
-    metrics["explained_variance"] = explained_variance(batch.value, batch.target, replicas)
+def iteration_metrics(args: Args, iteration: Iteration,
+                      train_state: TrainState) -> dict[str, jax.Array]:
+    """Everything an iteration logs, from its rollout, batch and loss terms."""
+    traj, batch, infos = iteration
+    losses = loss_metrics(infos, args.clip_coef)
+    metrics = losses | episode_metrics(traj)
+    metrics["explained_variance"] = explained_variance(batch.value, batch.target)
     metrics["learning_rate"] = optax.tree_utils.tree_get(  # the rate of the last update
         train_state.opt_state, "learning_rate", filtering=lambda _, x: isinstance(x, jax.Array))
     metrics["finite"] = all_finite(train_state.params, losses)
     if args.diagnostics:
         active_units = traj.active_units.any(axis=0)
-        metrics |= diagnostics.training_diagnostics(batch, active_units, infos["log_ratio"],
-                                                    replicas)
+        metrics |= diagnostics.training_diagnostics(batch, active_units, infos["log_ratio"])
     return metrics
 
 
 # --------------------------------------------------------------------------------------------------
-# Data parallel: copies of the update side by side, each stepping its share of the environments
+# Data parallel: the iteration on each device's share of the environments
 # --------------------------------------------------------------------------------------------------
 # The environments (and all that comes from them) are split along the mesh's "envs" axis; the
 # parameters, optimizer state and key are replicated.
 RUNNER_SPECS = RunnerState(train_state=TrainState(P(), P()), env_state=P("envs"), obs=P("envs"),
                            episode_return=P("envs"), episode_length=P("envs"), key=P())
-
-# The copies are the devices of the "envs" axis: they combine their values with collectives, and
-# each folds its index into its keys.
-DEVICES = Replicas(mean=lambda x: jax.lax.pmean(x, "envs"),
-                   sum=lambda x: jax.lax.psum(x, "envs"),
-                   max=lambda x: jax.lax.pmax(x, "envs"),
-                   own_key=lambda key: jax.random.fold_in(key, jax.lax.axis_index("envs")))
+# The devices' iterations, put together along the axes that hold the environments (the rollout's
+# second, the batch's rows, each epoch's minibatches); which units fired is stacked by device.
+ITERATION_SPECS = Iteration(
+    traj=Transition(**{name: P(None, "envs") for name in Transition._fields[:-1]},
+                    active_units=P("envs")),
+    batch=P("envs"), infos=P(None, "envs"))
 
 
 def make_mesh(num_devices: int) -> Mesh:
@@ -529,16 +519,42 @@ def make_runner_shardings(mesh: Mesh) -> RunnerState:
     return jax.tree.map(lambda spec: NamedSharding(mesh, spec), RUNNER_SPECS, is_leaf=is_spec)
 
 
+def with_mean_gradient(optimizer: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`optimizer`, stepping with the mean of the devices' gradients (one collective for the whole
+    gradient), so that every device takes the same step and the parameters stay replicated."""
+    def update(grads, state, params=None):
+        flat, unravel = jax.flatten_util.ravel_pytree(grads)
+        return optimizer.update(unravel(jax.lax.pmean(flat, "envs")), state, params)
+
+    return optax.GradientTransformation(optimizer.init, update)
+
+
 def make_parallel_update_step(args: Args, env, env_params, network: hk.Transformed,
                               optimizer: optax.GradientTransformation, mesh: Mesh):
-    """`update_step` under `jax.shard_map`, one copy per device of the mesh: each steps its share
-    of the environments and takes its share of every minibatch (a stratified draw), all holding
-    the same parameters throughout."""
-    update_step = make_update_step(args, env, env_params, network, optimizer, DEVICES)
+    """`make_update_step`'s step over the devices of the mesh, jitted. Under `jax.shard_map` each
+    device runs the one-device iteration on its share of the environments, with its own key (its
+    own actions and minibatch order) and the devices' mean gradient; the metrics are then computed
+    on the devices' iterations put together, XLA adding the reductions. Each device normalizes the
+    advantages of its share of a minibatch, as CleanRL's multi-GPU PPO does."""
+    ppo_iteration = make_ppo_iteration(args, env, env_params, network,
+                                       with_mean_gradient(optimizer))
+
+    def device_iteration(runner: RunnerState) -> tuple[RunnerState, Iteration]:
+        shared_key, own_key = jax.random.split(runner.key)
+        own_key = jax.random.fold_in(own_key, jax.lax.axis_index("envs"))
+        runner, iteration = ppo_iteration(runner._replace(key=own_key))
+        return runner._replace(key=shared_key), iteration
+
     # check_vma=False: with the check on, JAX would itself sum the replicated parameters' gradient
-    # over the devices, on top of update_minibatch's mean. A test checks they stay replicated.
-    return jax.jit(jax.shard_map(update_step, mesh=mesh, in_specs=(RUNNER_SPECS,),
-                                 out_specs=(RUNNER_SPECS, P()), check_vma=False))
+    # over the devices, on top of with_mean_gradient's mean. A test checks they stay replicated.
+    iterate = jax.shard_map(device_iteration, mesh=mesh, in_specs=(RUNNER_SPECS,),
+                            out_specs=(RUNNER_SPECS, ITERATION_SPECS), check_vma=False)
+
+    def update_step(runner: RunnerState) -> tuple[RunnerState, dict[str, jax.Array]]:
+        runner, iteration = iterate(runner)
+        return runner, iteration_metrics(args, iteration, runner.train_state)
+
+    return jax.jit(update_step)
 
 
 # --------------------------------------------------------------------------------------------------
