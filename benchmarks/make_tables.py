@@ -441,7 +441,11 @@ def games_screen_table(steps: int = 1_000_000) -> str:
 # defaults). A row appears once its JSON is committed.
 LONG_SCREEN = {"stickyln": "today's defaults", "lr2e-3": "learning rate 2e-3",
                "lr1e-2": "learning rate 1e-2", "lambda95": "GAE λ 0.95", "ent03": "entropy 0.03",
-               "wide128": "torso 128-128", "wide256": "torso 256-256"}
+               "wide128": "torso 128-128", "wide256": "torso 256-256",
+               "search": "the 40-seed search's pick (docs below)",
+               "noclipv": "no value clipping", "steps32mb4": "32 steps x 64 envs, 4 minibatches",
+               "epochs8": "8 epochs", "mb8": "8 minibatches", "gamma995": "γ 0.995",
+               "ent003": "entropy 0.003", "ent001": "entropy 0.001"}
 
 
 def game_screen_table(game: str, steps: int) -> str:
@@ -682,6 +686,7 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "games-10m-commands": games_10m_commands, "readme-games": readme_games_table,
           "readme-games-commands": readme_games_commands, "device-speed": device_speed_table, "breakout-budgets": breakout_budgets_table, "fresh-seeds": fresh_seeds_table,
           "readable-speed": lambda: script_speed_table("script_speed_readable.json"),
+          "device-free-speed": lambda: script_speed_table("script_speed_device_free.json"),
           "widths-speed": lambda: script_speed_table("script_speed_widths.json"),
           "asterix-5m": lambda: game_screen_table("Asterix", 5_000_000),
           "asterix-5m-commands": lambda: game_screen_commands("Asterix", 5_000_000),
