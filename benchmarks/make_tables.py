@@ -442,7 +442,7 @@ def games_screen_table(steps: int = 1_000_000) -> str:
 LONG_SCREEN = {"stickyln": "today's defaults", "lr2e-3": "learning rate 2e-3",
                "lr1e-2": "learning rate 1e-2", "lambda95": "GAE λ 0.95", "ent03": "entropy 0.03",
                "wide128": "torso 128-128", "wide256": "torso 256-256",
-               "search": "the 40-seed search's pick (docs below)",
+               "search": "the search's pick (below)",
                "noclipv": "no value clipping", "steps32mb4": "32 steps x 64 envs, 4 minibatches",
                "epochs8": "8 epochs", "mb8": "8 minibatches", "gamma995": "γ 0.995",
                "ent003": "entropy 0.003", "ent001": "entropy 0.001"}
@@ -469,6 +469,32 @@ def game_screen_table(game: str, steps: int) -> str:
                          signed_ci(stats.compare(base[key], result[key])["mean_difference"]))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def replication_table() -> str:
+    """Asterix at 5M steps, entropy 0.003 against the defaults: the screen's seeds 1-4, four more
+    (5-8), and all eight, each pair of settings on the same seeds."""
+    pairs = {"1-4": ("stickyln__Asterix__5000000.json", "ent003__Asterix__5000000.json"),
+             "5-8": ("stickyln_seeds5-8__Asterix__5000000.json",
+                     "ent003_seeds5-8__Asterix__5000000.json")}
+    runs = {seeds: (load("screen", a), load("screen", b)) for seeds, (a, b) in pairs.items()}
+    runs["1-8"] = tuple({key: runs["1-4"][i][key] + runs["5-8"][i][key]
+                         for key in ("eval_returns", "eval_returns_minatar")} for i in (0, 1))
+    lines = ["| seeds | defaults, gymnax's protocol | entropy 0.003 | difference [95% CI] "
+             "| MinAtar's protocol, difference [95% CI] |", "|---|---:|---:|---:|---:|"]
+    for seeds, (base, alt) in runs.items():
+        cells = [seeds]
+        for result in (base, alt):
+            cells.append(ci(stats.summarize(result["eval_returns"])["mean"]))
+        for key in ("eval_returns", "eval_returns_minatar"):
+            cells.append(signed_ci(stats.compare(base[key], alt[key])["mean_difference"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def replication_commands() -> str:
+    files = ("stickyln_seeds5-8__Asterix__5000000.json", "ent003_seeds5-8__Asterix__5000000.json")
+    return "```bash\n" + "\n".join(load("screen", f)["command"] for f in files) + "\n```"
 
 
 def game_screen_commands(game: str, steps: int) -> str:
@@ -687,6 +713,8 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "readme-games-commands": readme_games_commands, "device-speed": device_speed_table, "breakout-budgets": breakout_budgets_table, "fresh-seeds": fresh_seeds_table,
           "readable-speed": lambda: script_speed_table("script_speed_readable.json"),
           "device-free-speed": lambda: script_speed_table("script_speed_device_free.json"),
+          "asterix-replication": replication_table,
+          "asterix-replication-commands": replication_commands,
           "widths-speed": lambda: script_speed_table("script_speed_widths.json"),
           "asterix-5m": lambda: game_screen_table("Asterix", 5_000_000),
           "asterix-5m-commands": lambda: game_screen_commands("Asterix", 5_000_000),
