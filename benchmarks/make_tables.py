@@ -471,29 +471,44 @@ def game_screen_table(game: str, steps: int) -> str:
     return "\n".join(lines)
 
 
-def replication_table() -> str:
-    """Asterix at 5M steps, entropy 0.003 against the defaults: the screen's seeds 1-4, four more
-    (5-8), and all eight, each pair of settings on the same seeds."""
-    pairs = {"1-4": ("stickyln__Asterix__5000000.json", "ent003__Asterix__5000000.json"),
-             "5-8": ("stickyln_seeds5-8__Asterix__5000000.json",
-                     "ent003_seeds5-8__Asterix__5000000.json")}
-    runs = {seeds: (load("screen", a), load("screen", b)) for seeds, (a, b) in pairs.items()}
-    runs["1-8"] = tuple({key: runs["1-4"][i][key] + runs["5-8"][i][key]
-                         for key in ("eval_returns", "eval_returns_minatar")} for i in (0, 1))
-    lines = ["| seeds | defaults, gymnax's protocol | entropy 0.003 | difference [95% CI] "
-             "| MinAtar's protocol, difference [95% CI] |", "|---|---:|---:|---:|---:|"]
-    for seeds, (base, alt) in runs.items():
-        cells = [seeds]
-        for result in (base, alt):
-            cells.append(ci(stats.summarize(result["eval_returns"])["mean"]))
-        for key in ("eval_returns", "eval_returns_minatar"):
-            cells.append(signed_ci(stats.compare(base[key], alt[key])["mean_difference"]))
-        lines.append("| " + " | ".join(cells) + " |")
+# Settings run on seeds 1-8: one 8-seed file, or the screen's seeds 1-4 and a second file of seeds 5-8.
+EIGHT_SEEDS = {"ent003": "entropy 0.003", "epochs2": "2 epochs", "epochs3": "3 epochs",
+               "wide256": "torso 256-256"}
+
+
+def eight_seed_files(setting: str, game: str, steps: int) -> list[str]:
+    one = f"{setting}_seeds1-8__{game}__{steps}.json"
+    if os.path.exists(os.path.join(ROOT, RESULTS, "screen", one)):
+        return [one]
+    two = [f"{setting}__{game}__{steps}.json", f"{setting}_seeds5-8__{game}__{steps}.json"]
+    return two if all(os.path.exists(os.path.join(ROOT, RESULTS, "screen", f)) for f in two) else []
+
+
+def eight_seed_table() -> str:
+    """Changes run on seeds 1-8 against the defaults on the same seeds (two files of four)."""
+    lines = ["| game, steps | setting | defaults, gymnax's protocol | setting | difference [95% CI] "
+             "| MinAtar's protocol, difference [95% CI] |", "|---|---|---:|---:|---:|---:|"]
+    keys = ("eval_returns", "eval_returns_minatar")
+    for game, steps in (("Breakout", 1_000_000), ("Asterix", 5_000_000)):
+        base_files = eight_seed_files("stickyln", game, steps)
+        base = {k: sum((load("screen", f)[k] for f in base_files), []) for k in keys}
+        for setting, label in EIGHT_SEEDS.items():
+            files = eight_seed_files(setting, game, steps)
+            if not files:
+                continue
+            alt = {k: sum((load("screen", f)[k] for f in files), []) for k in keys}
+            cells = [f"{game}, {steps // 1_000_000}M", label,
+                     ci(stats.summarize(base["eval_returns"])["mean"]),
+                     ci(stats.summarize(alt["eval_returns"])["mean"])]
+            cells += [signed_ci(stats.compare(base[k], alt[k])["mean_difference"]) for k in keys]
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def replication_commands() -> str:
-    files = ("stickyln_seeds5-8__Asterix__5000000.json", "ent003_seeds5-8__Asterix__5000000.json")
+def eight_seed_commands() -> str:
+    files = sorted({f for setting in ("stickyln", *EIGHT_SEEDS)
+                    for game, steps in (("Breakout", 1_000_000), ("Asterix", 5_000_000))
+                    for f in eight_seed_files(setting, game, steps) if "seeds" in f})
     return "```bash\n" + "\n".join(load("screen", f)["command"] for f in files) + "\n```"
 
 
@@ -528,6 +543,14 @@ def breakout_10m_table() -> str:
     return "\n".join(lines)
 
 
+# The defaults' 10M runs: the game's row of ppo_breakout.GAME_DEFAULTS, where it has one, is in the command.
+DEFAULTS_10M = {"Asterix": "epochs2__Asterix__10000000.json"}
+
+
+def defaults_10m_file(game: str) -> str:
+    return DEFAULTS_10M.get(game, f"stickyln__{game}__10000000.json")
+
+
 def games_10m_table() -> str:
     """Today's defaults at 10M steps, per game measured (harness seeds): each seed's return under both
     protocols, the mean with its interval, the published PPO number beside it."""
@@ -536,7 +559,7 @@ def games_10m_table() -> str:
              "MinAtar's protocol, per seed | mean [95% CI] | published |",
              "|---|---:|---|---:|---:|---|---:|---:|"]
     for game in aggregate.GAMES:
-        path = os.path.join(ROOT, RESULTS, "screen", f"stickyln__{game}__10000000.json")
+        path = os.path.join(ROOT, RESULTS, "screen", defaults_10m_file(game))
         if not os.path.exists(path):
             continue
         with open(path) as f:
@@ -555,7 +578,7 @@ def games_10m_commands() -> str:
     from benchmarks import aggregate
     commands = []
     for game in aggregate.GAMES:
-        path = os.path.join(ROOT, RESULTS, "screen", f"stickyln__{game}__10000000.json")
+        path = os.path.join(ROOT, RESULTS, "screen", defaults_10m_file(game))
         if os.path.exists(path):
             result = load("screen", os.path.basename(path))
             commands.append(pinned(result["command"], result["ppo_args"]))
@@ -713,8 +736,7 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "readme-games-commands": readme_games_commands, "device-speed": device_speed_table, "breakout-budgets": breakout_budgets_table, "fresh-seeds": fresh_seeds_table,
           "readable-speed": lambda: script_speed_table("script_speed_readable.json"),
           "device-free-speed": lambda: script_speed_table("script_speed_device_free.json"),
-          "asterix-replication": replication_table,
-          "asterix-replication-commands": replication_commands,
+          "eight-seeds": eight_seed_table, "eight-seeds-commands": eight_seed_commands,
           "widths-speed": lambda: script_speed_table("script_speed_widths.json"),
           "asterix-5m": lambda: game_screen_table("Asterix", 5_000_000),
           "asterix-5m-commands": lambda: game_screen_commands("Asterix", 5_000_000),

@@ -55,7 +55,8 @@ from utils.evaluation import PROTOCOLS, SAFETY_BOUND, evaluate, protocol_params 
 @dataclasses.dataclass
 class Args:
     ppo: ppo_breakout.Args = dataclasses.field(default_factory=ppo_breakout.Args)
-    """the settings under test (--ppo.seed and --ppo.num-devices are not used: see --first-seed, --num-devices)"""
+    """the settings under test (--ppo.seed and --ppo.num-devices are not used: see --first-seed, --num-devices;
+    the script's per-game rows, ppo_breakout.GAME_DEFAULTS, are not applied: give them as --ppo flags)"""
     num_seeds: int = 8
     """the number of seeds trained"""
     first_seed: int = 1

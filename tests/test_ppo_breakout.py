@@ -29,7 +29,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import ppo_breakout as ppo
 from probe_envs import ProbeEnv
-from utils import checkpoint, diagnostics, visualize
+from utils import checkpoint, cli, diagnostics, visualize
 from utils.evaluation import evaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -1105,3 +1105,15 @@ def test_layer_norm_normalises_each_torso_layers_pre_activations_per_sample(laye
         x = features[:, start:start + width] - features[:, start + width:start + 2 * width]
         normalised = np.allclose(x.mean(-1), 0.0, atol=1e-4) and np.allclose(x.std(-1), 3.0, rtol=1e-3)
         assert normalised == layer_norm
+
+
+def test_a_games_row_fills_the_fields_the_command_line_leaves_unset():
+    # Asterix trains with 2 epochs unless --update-epochs says otherwise; other games keep Args'.
+    def parse(*argv):
+        return cli.parse_args(ppo.Args, ppo.check_args, "", list(argv), ppo.take_saved_args)
+
+    assert ppo.GAME_DEFAULTS["Asterix-MinAtar"] == {"update_epochs": 2}
+    assert parse("--env-id", "Asterix-MinAtar").update_epochs == 2
+    assert parse("--env-id", "Asterix-MinAtar", "--update-epochs", "4").update_epochs == 4
+    assert parse("--env-id", "Breakout-MinAtar").update_epochs == 4
+    assert parse().update_epochs == ppo.Args.update_epochs == 4
