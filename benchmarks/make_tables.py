@@ -439,7 +439,7 @@ def games_screen_table(steps: int = 1_000_000) -> str:
 
 # The longer-budget screens on one game: setting name -> what it changes, against "stickyln" (the
 # defaults). A row appears once its JSON is committed.
-LONG_SCREEN = {"stickyln": "today's defaults", "lr2e-3": "learning rate 2e-3",
+LONG_SCREEN = {"stickyln": "shared defaults (4 epochs)", "lr2e-3": "learning rate 2e-3",
                "lr1e-2": "learning rate 1e-2", "lambda95": "GAE λ 0.95", "ent03": "entropy 0.03",
                "wide128": "torso 128-128", "wide256": "torso 256-256",
                "search": "the search's pick (below)",
