@@ -397,12 +397,18 @@ class Iteration(NamedTuple):
     infos: dict[str, jax.Array]  # each gradient step's terms, (update_epochs, num_minibatches, ...)
 
 
+def minibatch_moments(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """E[x] and E[x^2] over the minibatch, for normalizing its advantages."""
+    return x.mean(), jnp.square(x).mean()
+
+
 def update_minibatch(train_state: TrainState, mb: Batch, network: hk.Transformed,
-                     optimizer: optax.GradientTransformation, args: Args):
+                     optimizer: optax.GradientTransformation, args: Args,
+                     moments=minibatch_moments):
     """One gradient step on a minibatch; its loss terms and gradient norm come back."""
     if args.norm_adv:
-        mean = mb.advantage.mean()
-        std = jnp.sqrt(jnp.maximum(jnp.square(mb.advantage).mean() - jnp.square(mean), 0.0))
+        mean, mean_sq = moments(mb.advantage)
+        std = jnp.sqrt(jnp.maximum(mean_sq - jnp.square(mean), 0.0))
         mb = mb._replace(advantage=(mb.advantage - mean) / (std + 1e-8))
     grads, info = jax.grad(ppo_loss, has_aux=True)(train_state.params, network, mb, args)
     info["grad_norm"] = optax.tree.norm(grads)  # before clipping
@@ -411,7 +417,7 @@ def update_minibatch(train_state: TrainState, mb: Batch, network: hk.Transformed
 
 
 def make_ppo_iteration(args: Args, env, env_params, network: hk.Transformed,
-                       optimizer: optax.GradientTransformation):
+                       optimizer: optax.GradientTransformation, moments=minibatch_moments):
     """The function that runs one PPO iteration on a RunnerState: rollout, GAE, and the epochs of
     minibatch steps. It returns the new RunnerState and what the metrics need."""
     def update_epoch(train_state: TrainState, key: jax.Array, batch: Batch):
@@ -422,7 +428,7 @@ def make_ppo_iteration(args: Args, env, env_params, network: hk.Transformed,
 
         def minibatch_step(train_state: TrainState, rows: jax.Array):
             mb = jax.tree.map(lambda x: x[rows], batch)
-            return update_minibatch(train_state, mb, network, optimizer, args)
+            return update_minibatch(train_state, mb, network, optimizer, args, moments)
 
         return jax.lax.scan(minibatch_step, train_state, order)
 
@@ -539,15 +545,20 @@ def with_mean_gradient(optimizer: optax.GradientTransformation) -> optax.Gradien
     return optax.GradientTransformation(optimizer.init, update)
 
 
+def moments_over_devices(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`minibatch_moments` of the whole minibatch, every device holding a share (one collective)."""
+    return tuple(jax.lax.pmean(jnp.stack(minibatch_moments(x)), "envs"))
+
+
 def make_parallel_update_step(args: Args, env, env_params, network: hk.Transformed,
                               optimizer: optax.GradientTransformation, mesh: Mesh):
     """`make_update_step`'s step over the devices of the mesh, jitted. Under `jax.shard_map` each
     device runs the one-device iteration on its share of the environments, with its own key (its
-    own actions and minibatch order) and the devices' mean gradient; the metrics are then computed
-    on the devices' iterations put together, XLA adding the reductions. Each device normalizes the
-    advantages of its share of a minibatch, as CleanRL's multi-GPU PPO does."""
+    own actions and minibatch order), the whole minibatch's advantage moments and the devices'
+    mean gradient: each step is the one-device step on the whole minibatch. The metrics are then
+    computed on the devices' iterations put together, XLA adding the reductions."""
     ppo_iteration = make_ppo_iteration(args, env, env_params, network,
-                                       with_mean_gradient(optimizer))
+                                       with_mean_gradient(optimizer), moments_over_devices)
 
     def device_iteration(runner: RunnerState) -> tuple[RunnerState, Iteration]:
         shared_key, own_key = jax.random.split(runner.key)

@@ -552,10 +552,10 @@ def test_training_diagnostics_against_numpy_on_one_and_two_devices():
         np.testing.assert_array_equal(result["histograms"]["log_ratio"]["counts"], expected_counts)
 
 
-def test_data_parallel_step_takes_the_mean_of_the_devices_gradients():
-    # Two devices, each with half of a minibatch, each normalizing its own half's advantages, must
-    # step with the mean of their two gradients. The halves have different advantage statistics,
-    # so normalizing the whole minibatch would fail, and so would a sum or a gradient not shared.
+def test_data_parallel_step_equals_the_single_device_step_on_the_whole_minibatch():
+    # Two devices, each with half of a minibatch, must take exactly the step one device takes on all
+    # of it. The halves have different advantage statistics, so normalising per device would fail,
+    # and so would a sum of the gradients or a gradient not shared.
     assert len(jax.devices()) >= 2  # conftest.py asks for two CPU devices
     args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=32, num_minibatches=1))
     network = ppo.make_network(3, args.hidden_sizes, args.activation, args.layer_norm)
@@ -571,24 +571,20 @@ def test_data_parallel_step_takes_the_mean_of_the_devices_gradients():
         target=jnp.linspace(-1.0, 3.0, n))
     params = network.init(keys[0], mb.obs)
     optimizer = optax.sgd(1.0)  # an update linear in the gradient: a gradient off by a factor shows
+    train_state = ppo.TrainState(params, optimizer.init(params))
 
-    def half_gradient(half):
-        rows = jax.tree.map(lambda x: x[half * n // 2:(half + 1) * n // 2], mb)
-        adv = rows.advantage
-        rows = rows._replace(advantage=(adv - adv.mean()) / (adv.std() + 1e-8))
-        return jax.grad(ppo.ppo_loss, has_aux=True)(params, network, rows, args)[0]
-
-    mean_gradient = jax.tree.map(lambda a, b: (a + b) / 2, half_gradient(0), half_gradient(1))
-    expected = jax.tree.map(lambda p, g: p - g, params, mean_gradient)
+    (single, _), _ = jax.jit(functools.partial(
+        ppo.update_minibatch, network=network, optimizer=optimizer, args=args))(train_state, mb)
     step = jax.shard_map(
         functools.partial(ppo.update_minibatch, network=network,
-                          optimizer=ppo.with_mean_gradient(optimizer), args=args),
+                          optimizer=ppo.with_mean_gradient(optimizer), args=args,
+                          moments=ppo.moments_over_devices),
         mesh=ppo.make_mesh(2), in_specs=(P(), P("envs")), out_specs=(P(), P()), check_vma=False)
-    (parallel, _), _ = jax.jit(step)(ppo.TrainState(params, optimizer.init(params)), mb)
+    (parallel, _), _ = jax.jit(step)(train_state, mb)
 
-    moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), expected, params)
+    moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), single, params)
     assert min(jax.tree.leaves(moved)) > 1e-4  # a real step, not a no-op
-    for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(parallel)):
+    for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(parallel)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
