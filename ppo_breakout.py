@@ -519,11 +519,12 @@ def iteration_metrics(args: Args, iteration: Iteration,
 RUNNER_SPECS = RunnerState(train_state=TrainState(P(), P()), env_state=P("envs"), obs=P("envs"),
                            episode_return=P("envs"), episode_length=P("envs"), key=P())
 # The devices' iterations, put together along the axes that hold the environments (the rollout's
-# second, the batch's rows, each epoch's minibatches); which units fired is stacked by device.
+# second, the batch's rows); the loss terms and which units fired are stacked by device, in front,
+# so that flattening them keeps each device's values in one block.
 ITERATION_SPECS = Iteration(
     traj=Transition(**{name: P(None, "envs") for name in Transition._fields[:-1]},
                     active_units=P("envs")),
-    batch=P("envs"), infos=P(None, "envs"))
+    batch=P("envs"), infos=P("envs"))
 
 
 def make_mesh(num_devices: int) -> Mesh:
