@@ -522,8 +522,8 @@ RUNNER_SPECS = RunnerState(train_state=TrainState(P(), P()), env_state=P("envs")
 # second, the batch's rows); the loss terms and which units fired are stacked by device, in front,
 # so that flattening them keeps each device's values in one block.
 ITERATION_SPECS = Iteration(
-    traj=Transition(**{name: P(None, "envs") for name in Transition._fields[:-1]},
-                    active_units=P("envs")),
+    traj=Transition(**{name: P(None, "envs") for name in Transition._fields}
+                    | {"active_units": P("envs")}),
     batch=P("envs"), infos=P("envs"))
 
 
