@@ -397,40 +397,52 @@ class Iteration(NamedTuple):
     infos: dict[str, jax.Array]  # each gradient step's terms, (update_epochs, num_minibatches, ...)
 
 
-def minibatch_moments(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """E[x] and E[x^2] over the minibatch, for normalizing its advantages."""
-    return x.mean(), jnp.square(x).mean()
+def minibatch_moments(advantages: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """E[x] and E[x^2] of each minibatch's advantages (each row of `advantages`)."""
+    return advantages.mean(axis=-1), jnp.square(advantages).mean(axis=-1)
+
+
+def normalize_advantages(advantages: jax.Array, moments=minibatch_moments) -> jax.Array:
+    """Each row, one minibatch's advantages, shifted and scaled to mean 0 and standard deviation 1."""
+    mean, mean_sq = moments(advantages)
+    std = jnp.sqrt(jnp.maximum(mean_sq - jnp.square(mean), 0.0))
+    return (advantages - mean[:, None]) / (std[:, None] + 1e-8)
 
 
 def update_minibatch(train_state: TrainState, mb: Batch, network: hk.Transformed,
-                     optimizer: optax.GradientTransformation, args: Args,
-                     moments=minibatch_moments):
+                     optimizer: optax.GradientTransformation, args: Args):
     """One gradient step on a minibatch; its loss terms and gradient norm come back."""
-    if args.norm_adv:
-        mean, mean_sq = moments(mb.advantage)
-        std = jnp.sqrt(jnp.maximum(mean_sq - jnp.square(mean), 0.0))
-        mb = mb._replace(advantage=(mb.advantage - mean) / (std + 1e-8))
     grads, info = jax.grad(ppo_loss, has_aux=True)(train_state.params, network, mb, args)
     info["grad_norm"] = optax.tree.norm(grads)  # before clipping
     updates, opt_state = optimizer.update(grads, train_state.opt_state, train_state.params)
     return TrainState(optax.apply_updates(train_state.params, updates), opt_state), info
 
 
+def update_epoch(train_state: TrainState, key: jax.Array, batch: Batch, network: hk.Transformed,
+                 optimizer: optax.GradientTransformation, args: Args, moments=minibatch_moments):
+    """One pass over the batch in a fresh random order: a gradient step per minibatch."""
+    # The permutation is cut into minibatches of row indices; each step gathers its rows, so no
+    # shuffled copy of the batch is made.
+    num_rows = batch.action.shape[0]
+    order = jax.random.permutation(key, num_rows).reshape(args.num_minibatches, -1)
+    advantages = batch.advantage[order]  # (num_minibatches, minibatch_size)
+    if args.norm_adv:  # every minibatch by its own moments, all in one go
+        advantages = normalize_advantages(advantages, moments)
+
+    def minibatch_step(train_state: TrainState, minibatch: tuple[jax.Array, jax.Array]):
+        rows, mb_advantage = minibatch
+        mb = jax.tree.map(lambda x: x[rows], batch)._replace(advantage=mb_advantage)
+        return update_minibatch(train_state, mb, network, optimizer, args)
+
+    return jax.lax.scan(minibatch_step, train_state, (order, advantages))
+
+
 def make_ppo_iteration(args: Args, env, env_params, network: hk.Transformed,
                        optimizer: optax.GradientTransformation, moments=minibatch_moments):
     """The function that runs one PPO iteration on a RunnerState: rollout, GAE, and the epochs of
     minibatch steps. It returns the new RunnerState and what the metrics need."""
-    def update_epoch(train_state: TrainState, key: jax.Array, batch: Batch):
-        # A fresh permutation every epoch, cut into minibatches of row indices; each step gathers
-        # its rows, so no shuffled copy of the batch is made.
-        num_rows = batch.action.shape[0]
-        order = jax.random.permutation(key, num_rows).reshape(args.num_minibatches, -1)
-
-        def minibatch_step(train_state: TrainState, rows: jax.Array):
-            mb = jax.tree.map(lambda x: x[rows], batch)
-            return update_minibatch(train_state, mb, network, optimizer, args, moments)
-
-        return jax.lax.scan(minibatch_step, train_state, order)
+    epoch = functools.partial(update_epoch, network=network, optimizer=optimizer, args=args,
+                              moments=moments)
 
     def ppo_iteration(runner: RunnerState) -> tuple[RunnerState, Iteration]:
         next_key, rollout_key, epochs_key = jax.random.split(runner.key, 3)
@@ -442,7 +454,7 @@ def make_ppo_iteration(args: Args, env, env_params, network: hk.Transformed,
         batch = jax.tree.map(flatten, Batch(obs=traj.obs, action=traj.action, logits=traj.logits,
                                             value=traj.value, advantage=advantages, target=targets))
         epoch_keys = jax.random.split(epochs_key, args.update_epochs)
-        train_state, infos = jax.lax.scan(functools.partial(update_epoch, batch=batch),
+        train_state, infos = jax.lax.scan(functools.partial(epoch, batch=batch),
                                           runner.train_state, epoch_keys)
         return runner._replace(train_state=train_state, key=next_key), Iteration(traj, batch, infos)
 
@@ -546,9 +558,10 @@ def with_mean_gradient(optimizer: optax.GradientTransformation) -> optax.Gradien
     return optax.GradientTransformation(optimizer.init, update)
 
 
-def moments_over_devices(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """`minibatch_moments` of the whole minibatch, every device holding a share (one collective)."""
-    return tuple(jax.lax.pmean(jnp.stack(minibatch_moments(x)), "envs"))
+def moments_over_devices(advantages: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`minibatch_moments` of the whole minibatches, every device holding a share of each (one
+    collective an epoch)."""
+    return tuple(jax.lax.pmean(jnp.stack(minibatch_moments(advantages)), "envs"))
 
 
 def make_parallel_update_step(args: Args, env, env_params, network: hk.Transformed,

@@ -170,7 +170,7 @@ def test_policy_loss_stays_finite_where_dividing_probabilities_fails():
 def loss_setup(**overrides):
     """A network, its parameters (a policy far from uniform) and a minibatch whose stored logits and
     values are the network's own (the first gradient step of an epoch: ratio 1, nothing clipped)."""
-    args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=32, num_minibatches=1, **overrides))
+    args = ppo.fill_runtime_fields(ppo.Args(**dict(num_envs=8, num_steps=32, num_minibatches=1) | overrides))
     network = ppo.make_network(3, args.hidden_sizes, args.activation, args.layer_norm)
     keys = jax.random.split(jax.random.key(0), 4)
     obs = jax.random.bernoulli(keys[0], 0.2, (64, 10, 10, 4)).astype(jnp.float32)
@@ -215,15 +215,25 @@ def test_loss_is_surrogate_minus_entropy_bonus_plus_value_loss():
 
 
 @pytest.mark.parametrize("norm_adv", [True, False])
-def test_minibatch_step_normalises_the_advantages_within_the_minibatch(norm_adv):
-    args, network, params, mb = loss_setup(norm_adv=norm_adv)
-    optimizer = optax.sgd(1.0)  # the step is the gradient itself
-    (stepped, _), _ = ppo.update_minibatch(ppo.TrainState(params, optimizer.init(params)), mb, network, optimizer, args)
-    a = mb.advantage
-    expected_mb = mb._replace(advantage=(a - a.mean()) / (a.std() + 1e-8)) if norm_adv else mb
-    grads, _ = jax.grad(ppo.ppo_loss, has_aux=True)(params, network, expected_mb, args)
-    for got, p, g in zip(jax.tree.leaves(stepped), jax.tree.leaves(params), jax.tree.leaves(grads)):
-        np.testing.assert_allclose(got, p - g, rtol=1e-4, atol=1e-6)
+def test_an_epoch_steps_on_each_minibatch_with_its_advantages_normalised_within_it(norm_adv):
+    args, network, params, batch = loss_setup(norm_adv=norm_adv, num_minibatches=2)
+    key, lr = jax.random.key(5), 0.1
+    optimizer = optax.sgd(lr)  # the step is the gradient itself, scaled
+    (stepped, _), _ = ppo.update_epoch(ppo.TrainState(params, optimizer.init(params)), key, batch,
+                                       network, optimizer, args)
+    expected = params
+    for rows in jax.random.permutation(key, 64).reshape(2, -1):  # the epoch's minibatches, in order
+        mb = jax.tree.map(lambda x: x[rows], batch)
+        a = mb.advantage
+        assert abs(a.mean() - batch.advantage.mean()) > 0.05  # the minibatch's moments are its own
+        if norm_adv:
+            mb = mb._replace(advantage=(a - a.mean()) / (a.std() + 1e-8))
+        grads, _ = jax.grad(ppo.ppo_loss, has_aux=True)(expected, network, mb, args)
+        expected = jax.tree.map(lambda p, g: p - lr * g, expected, grads)
+    moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), stepped, params)
+    assert min(jax.tree.leaves(moved)) > 1e-4  # a real step, not a no-op
+    for got, want in zip(jax.tree.leaves(stepped), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
 
 
 def test_optimizer_clips_the_global_norm_and_anneals_the_learning_rate_to_zero():
@@ -552,7 +562,7 @@ def test_training_diagnostics_against_numpy_on_one_and_two_devices():
         np.testing.assert_array_equal(result["histograms"]["log_ratio"]["counts"], expected_counts)
 
 
-def test_data_parallel_step_equals_the_single_device_step_on_the_whole_minibatch():
+def test_data_parallel_epoch_equals_the_single_device_epoch_on_the_whole_minibatch():
     # Two devices, each with half of a minibatch, must take exactly the step one device takes on all
     # of it. The halves have different advantage statistics, so normalising per device would fail,
     # and so would a sum of the gradients or a gradient not shared.
@@ -573,14 +583,15 @@ def test_data_parallel_step_equals_the_single_device_step_on_the_whole_minibatch
     optimizer = optax.sgd(1.0)  # an update linear in the gradient: a gradient off by a factor shows
     train_state = ppo.TrainState(params, optimizer.init(params))
 
-    (single, _), _ = jax.jit(functools.partial(
-        ppo.update_minibatch, network=network, optimizer=optimizer, args=args))(train_state, mb)
+    key = jax.random.key(1)  # one minibatch: the order within it does not change the step
+    epoch = functools.partial(ppo.update_epoch, network=network, args=args)
+    (single, _), _ = jax.jit(functools.partial(epoch, optimizer=optimizer))(train_state, key, mb)
     step = jax.shard_map(
-        functools.partial(ppo.update_minibatch, network=network,
-                          optimizer=ppo.with_mean_gradient(optimizer), args=args,
+        functools.partial(epoch, optimizer=ppo.with_mean_gradient(optimizer),
                           moments=ppo.moments_over_devices),
-        mesh=ppo.make_mesh(2), in_specs=(P(), P("envs")), out_specs=(P(), P()), check_vma=False)
-    (parallel, _), _ = jax.jit(step)(train_state, mb)
+        mesh=ppo.make_mesh(2), in_specs=(P(), P(), P("envs")), out_specs=(P(), P()),
+        check_vma=False)
+    (parallel, _), _ = jax.jit(step)(train_state, key, mb)
 
     moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), single, params)
     assert min(jax.tree.leaves(moved)) > 1e-4  # a real step, not a no-op
