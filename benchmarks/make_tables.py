@@ -505,6 +505,52 @@ def eight_seed_table() -> str:
     return "\n".join(lines)
 
 
+# The third screen, seeds 1-8 each, against the settings it starts from on the same seeds.
+THIRD_SCREEN = {
+    "stickyln_seeds1-8__Breakout__1000000.json": [
+        ("sticky005__Breakout__1000000.json", "sticky actions 0.05 in training"),
+        ("noanneal__Breakout__1000000.json", "learning rate not annealed"),
+        ("clip03__Breakout__1000000.json", "clip 0.3"),
+        ("envs32__Breakout__1000000.json", "32 environments"),
+        ("steps64__Breakout__1000000.json", "64-step rollouts"),
+        ("ent001_seeds1-8__Breakout__1000000.json", "entropy 0.001"),
+        ("envs32_ent001__Breakout__1000000.json", "32 environments, entropy 0.001")],
+    "epochs2_seeds1-8__Asterix__5000000.json": [
+        ("epochs1_seeds1-8__Asterix__5000000.json", "1 epoch"),
+        ("epochs2_envs32__Asterix__5000000.json", "32 environments"),
+        ("epochs2_envs128__Asterix__5000000.json", "128 environments"),
+        ("epochs2_steps64__Asterix__5000000.json", "64-step rollouts"),
+        ("epochs2_ent001__Asterix__5000000.json", "entropy 0.001"),
+        ("epochs2_ent02__Asterix__5000000.json", "entropy 0.02")],
+}
+
+
+def third_screen_table() -> str:
+    """Each change against its starting point: Breakout's defaults at 1M, Asterix's row at 5M."""
+    lines = ["| game, steps | starting point | its mean, gymnax's protocol | change | mean | "
+             "difference [95% CI] | MinAtar's protocol, difference [95% CI] |",
+             "|---|---|---:|---|---:|---:|---:|"]
+    keys = ("eval_returns", "eval_returns_minatar")
+    for base_file, rows in THIRD_SCREEN.items():
+        base = load("screen", base_file)
+        game, steps = base_file.split("__")[1], int(base_file.split("__")[2][:-5])
+        start = "the defaults" if game == "Breakout" else "2 epochs (its row)"
+        for file, label in rows:
+            alt = load("screen", file)
+            assert alt["seeds"] == base["seeds"] == list(range(1, 9)), file
+            cells = [f"{game}, {steps // 1_000_000}M", start,
+                     ci(stats.summarize(base["eval_returns"])["mean"]), label,
+                     ci(stats.summarize(alt["eval_returns"])["mean"])]
+            cells += [signed_ci(stats.compare(base[k], alt[k])["mean_difference"]) for k in keys]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def third_screen_commands() -> str:
+    files = [f for base, rows in THIRD_SCREEN.items() for f in (base, *(r[0] for r in rows))]
+    return "```bash\n" + "\n".join(load("screen", f)["command"] for f in files) + "\n```"
+
+
 def eight_seed_commands() -> str:
     files = sorted({f for setting in ("stickyln", *EIGHT_SEEDS)
                     for game, steps in (("Breakout", 1_000_000), ("Asterix", 5_000_000))
@@ -737,6 +783,7 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "readable-speed": lambda: script_speed_table("script_speed_readable.json"),
           "device-free-speed": lambda: script_speed_table("script_speed_device_free.json"),
           "eight-seeds": eight_seed_table, "eight-seeds-commands": eight_seed_commands,
+          "third-screen": third_screen_table, "third-screen-commands": third_screen_commands,
           "widths-speed": lambda: script_speed_table("script_speed_widths.json"),
           "asterix-5m": lambda: game_screen_table("Asterix", 5_000_000),
           "asterix-5m-commands": lambda: game_screen_commands("Asterix", 5_000_000),
