@@ -195,6 +195,25 @@ def fresh_seeds_table() -> str:
     return "\n".join(lines)
 
 
+def code_change_table() -> str:
+    """The defaults on seeds 3001-3040 with the code before and after the epoch's advantage
+    moments were computed in one go (c3ef732): the same arithmetic, rounded differently."""
+    results = {"`eae0e9f`": load("confirmation", "defaults_eae0e9f_seeds3001-3040.json"),
+               "`c3ef732` and later": load("confirmation", "defaults_epoch_moments.json")}
+    lines = ["| code | seeds | gymnax's protocol, mean [95% CI] | MinAtar's protocol, mean [95% CI] |",
+             "|---|---:|---:|---:|"]
+    for label, result in results.items():
+        assert result["seeds"] == list(range(3001, 3041)), label
+        cells = [ci(stats.summarize(result[key])["mean"])
+                 for key in ("eval_returns", "eval_returns_minatar")]
+        lines.append(f"| {label} | 3001-3040 | {cells[0]} | {cells[1]} |")
+    old, new = results.values()
+    cells = [signed_ci(stats.compare(old[key], new[key])["mean_difference"])
+             for key in ("eval_returns", "eval_returns_minatar")]
+    lines.append(f"| difference, same seeds | | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
 def confirmation_commands() -> str:
     results = [load("confirmation", f) for f in CONFIRMATION]
     return "\n".join(["```bash", *[pinned(r["command"], r["ppo_args"]) for r in results], "```"])
@@ -779,7 +798,7 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "defaults-speed": lambda: script_speed_table("script_speed_defaults.json"),
           "screen-commands": screen_commands, "games-10m": games_10m_table,
           "games-10m-commands": games_10m_commands, "readme-games": readme_games_table,
-          "readme-games-commands": readme_games_commands, "device-speed": device_speed_table, "breakout-budgets": breakout_budgets_table, "fresh-seeds": fresh_seeds_table,
+          "readme-games-commands": readme_games_commands, "device-speed": device_speed_table, "breakout-budgets": breakout_budgets_table, "fresh-seeds": fresh_seeds_table, "code-change": code_change_table,
           "readable-speed": lambda: script_speed_table("script_speed_readable.json"),
           "device-free-speed": lambda: script_speed_table("script_speed_device_free.json"),
           "eight-seeds": eight_seed_table, "eight-seeds-commands": eight_seed_commands,
