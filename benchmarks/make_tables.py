@@ -214,6 +214,35 @@ def code_change_table() -> str:
     return "\n".join(lines)
 
 
+CURRENT_10M = {"Breakout": "stickyln", "SpaceInvaders": "stickyln", "Asterix": "epochs2",
+               "Freeway": "stickyln"}  # game: the setting of its 10M run in results/screen
+
+
+def games_10m_current_table() -> str:
+    """The 10M runs again with the code from c3ef732 (results/current_code), beside the runs of
+    the table above on the same seeds."""
+    lines = ["| game | gymnax's protocol, then | now | difference [95% CI] | MinAtar's protocol, "
+             "then | now | difference [95% CI] | lowest seed now |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for game, setting in CURRENT_10M.items():
+        old = load("screen", f"{setting}__{game}__10000000.json")
+        new = load("current_code", f"{game}__10000000.json")
+        assert old["seeds"][:5] == new["seeds"] == [1, 2, 3, 4, 5], game
+        cells = [game]
+        for key in ("eval_returns", "eval_returns_minatar"):
+            cells += [ci(stats.summarize(old[key][:5])["mean"]),
+                      ci(stats.summarize(new[key])["mean"]),
+                      signed_ci(stats.compare(old[key][:5], new[key])["mean_difference"])]
+        cells.append(f"{min(new['eval_returns']):.1f} / {min(new['eval_returns_minatar']):.1f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def games_10m_current_commands() -> str:
+    return "```bash\n" + "\n".join(load("current_code", f"{game}__10000000.json")["command"]
+                                    for game in CURRENT_10M) + "\n```"
+
+
 def confirmation_commands() -> str:
     results = [load("confirmation", f) for f in CONFIRMATION]
     return "\n".join(["```bash", *[pinned(r["command"], r["ppo_args"]) for r in results], "```"])
@@ -799,6 +828,8 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "screen-commands": screen_commands, "games-10m": games_10m_table,
           "games-10m-commands": games_10m_commands, "readme-games": readme_games_table,
           "readme-games-commands": readme_games_commands, "device-speed": device_speed_table, "breakout-budgets": breakout_budgets_table, "fresh-seeds": fresh_seeds_table, "code-change": code_change_table,
+          "games-10m-current": games_10m_current_table,
+          "games-10m-current-commands": games_10m_current_commands,
           "readable-speed": lambda: script_speed_table("script_speed_readable.json"),
           "device-free-speed": lambda: script_speed_table("script_speed_device_free.json"),
           "eight-seeds": eight_seed_table, "eight-seeds-commands": eight_seed_commands,
