@@ -402,7 +402,7 @@ def minibatch_moments(advantages: jax.Array) -> tuple[jax.Array, jax.Array]:
     return advantages.mean(axis=-1), jnp.square(advantages).mean(axis=-1)
 
 
-def normalize_advantages(advantages: jax.Array, moments=minibatch_moments) -> jax.Array:
+def normalize_advantages(advantages: jax.Array, moments) -> jax.Array:
     """Each row (a minibatch's advantages) shifted and scaled to mean 0 and standard deviation 1."""
     mean, mean_sq = moments(advantages)
     std = jnp.sqrt(jnp.maximum(mean_sq - jnp.square(mean), 0.0))

@@ -170,7 +170,8 @@ def test_policy_loss_stays_finite_where_dividing_probabilities_fails():
 def loss_setup(**overrides):
     """A network, its parameters (a policy far from uniform) and a minibatch whose stored logits and
     values are the network's own (the first gradient step of an epoch: ratio 1, nothing clipped)."""
-    args = ppo.fill_runtime_fields(ppo.Args(**dict(num_envs=8, num_steps=32, num_minibatches=1) | overrides))
+    settings = dict(num_envs=8, num_steps=32, num_minibatches=1) | overrides
+    args = ppo.fill_runtime_fields(ppo.Args(**settings))
     network = ppo.make_network(3, args.hidden_sizes, args.activation, args.layer_norm)
     keys = jax.random.split(jax.random.key(0), 4)
     obs = jax.random.bernoulli(keys[0], 0.2, (64, 10, 10, 4)).astype(jnp.float32)
