@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 
 import optuna
 import pytest
@@ -37,12 +38,19 @@ def search_command(storage, cache_dir, *flags):
             "--ppo.jax-cache-dir", cache_dir, *flags]
 
 
-def seconds_to_start() -> float:
-    """How long search.py takes to import and refuse a bad flag on this machine now: the time
-    checks below allow that plus a margin, so a loaded machine does not fail them."""
+def refusal(argv, monkeypatch, capsys) -> tuple[int, str, float]:
+    """search.py's main() on these flags in this process, for input it must refuse before any
+    training: (exit status, stderr, seconds taken). In-process, a case does not pay a new
+    process's imports (about 5 s); one test below checks the refusal from the shell."""
+    monkeypatch.setattr(sys, "argv", [SEARCH, *argv])
+    verbosity = optuna.logging.get_verbosity()
     start = time.time()
-    subprocess.run([sys.executable, SEARCH, "--n-trials", "-1"], capture_output=True, timeout=120)
-    return time.time() - start
+    with pytest.raises(SystemExit) as exit_, warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # as search.py does
+        search.main()
+    seconds = time.time() - start
+    optuna.logging.set_verbosity(verbosity)  # main() quiets Optuna before it opens the storage
+    return exit_.value.code, capsys.readouterr().err, seconds
 
 
 def load(storage) -> optuna.Study:
@@ -128,14 +136,22 @@ def test_every_searched_parameter_is_a_field_of_the_script():
     (["--storage", "sqlite://:bad:url"],
      "error: --storage sqlite://:bad:url is not a database URL"),
 ])
-def test_bad_input_exits_2_with_one_line_and_makes_no_storage(tmp_path, flags, message):
+def test_bad_input_exits_2_with_one_line_and_makes_no_storage(tmp_path, monkeypatch, capsys,
+                                                             flags, message):
     flags = [f.format(tmp=tmp_path) for f in flags]
-    result = subprocess.run(
-        [sys.executable, SEARCH, "--storage", str(tmp_path / "study.db"), *flags],
-        capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2
-    (line,) = result.stderr.strip().splitlines()
+    status, stderr, _ = refusal(["--storage", str(tmp_path / "study.db"), *flags], monkeypatch,
+                                capsys)
+    assert status == 2
+    (line,) = stderr.strip().splitlines()
     assert line.startswith(message.format(tmp=tmp_path))
+    assert os.listdir(tmp_path) == []
+
+
+def test_from_the_shell_bad_input_exits_2_with_one_line(tmp_path):
+    result = subprocess.run([sys.executable, SEARCH, "--storage", str(tmp_path / "study.db"),
+                             "--n-trials", "-1"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["error: --n-trials must be positive, got -1"]
     assert os.listdir(tmp_path) == []
 
 
@@ -179,7 +195,8 @@ def test_three_workers_that_start_at_once_share_one_postgres_study_exactly(serve
     assert postgres_server.PASSWORD not in report  # the command it records shows ***
 
 
-def test_a_study_made_with_other_settings_or_direction_is_refused(server, cache_dir):
+def test_a_study_made_with_other_settings_or_direction_is_refused(server, cache_dir, monkeypatch,
+                                                                 capsys):
     url = server.create_database("other")
     optuna.create_study(study_name="minimizing", storage=url, direction="minimize")
     made = subprocess.run(search_command(url, cache_dir, "--n-trials", "1"), capture_output=True,
@@ -190,14 +207,12 @@ def test_a_study_made_with_other_settings_or_direction_is_refused(server, cache_
              (["--fixed", "num_envs", "num_steps", "update_epochs"],
               "searched.width_1: unset there")]
     for flags, message in cases:
-        limit = seconds_to_start() + 8  # refused at once, not after the 10 s wait for settings
-        start = time.time()
-        result = subprocess.run(search_command(url, cache_dir, "--n-trials", "2", *flags),
-                                capture_output=True, text=True, timeout=120)
-        assert result.returncode == 2, result.stderr
-        (line,) = result.stderr.strip().splitlines()
+        status, stderr, seconds = refusal(
+            search_command(url, cache_dir, "--n-trials", "2", *flags)[2:], monkeypatch, capsys)
+        assert status == 2, stderr
+        (line,) = stderr.strip().splitlines()
         assert line.startswith("error: study ") and message in line, line
-        assert time.time() - start < limit
+        assert seconds < 8  # refused at once, not after the 10 s wait for settings
     assert len(optuna.load_study(study_name="breakout-ppo", storage=url).trials) == 1  # untouched
 
 
@@ -275,15 +290,13 @@ def silent_port():
      "its driver is not installed"),
     ("postgresql+nosuchdriver://postgres@127.0.0.1:{port}/search", "Can't load plugin"),
 ])
-def test_a_bad_database_url_fails_fast_with_one_line(server, silent_port, url, message):
+def test_a_bad_database_url_fails_fast_with_one_line(server, silent_port, monkeypatch, capsys,
+                                                     url, message):
     url = url.format(free=postgres_server.free_port(), silent=silent_port, port=server.port,
                      password=postgres_server.PASSWORD)
-    limit = seconds_to_start() + 8
-    start = time.time()
-    result = subprocess.run([sys.executable, SEARCH, "--storage", url], capture_output=True,
-                            text=True, timeout=120)
-    assert result.returncode == 2
-    (line,) = result.stderr.strip().splitlines()
+    status, stderr, seconds = refusal(["--storage", url], monkeypatch, capsys)
+    assert status == 2
+    (line,) = stderr.strip().splitlines()
     assert line.startswith("error: --storage postgresql") and message in line, line
     assert postgres_server.PASSWORD not in line and "wrong-password" not in line  # shown as ***
-    assert time.time() - start < limit  # the silent host: a connect timeout, not minutes
+    assert seconds < 8  # the silent host: a connect timeout, not minutes
