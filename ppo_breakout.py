@@ -140,8 +140,8 @@ class Args:
 # rl-zoo3 keeps hyperparameters per environment); a flag on the command line wins over its row.
 # Evidence: docs/tuning.md, "Cheap changes, and a replication".
 GAME_DEFAULTS = {
-    # 2 epochs on Asterix: +3.2 [+0.1, +6.8] at 5M steps (8 seeds); at 10M +5.2 in one draw of 5
-    # seeds, level in another. On Breakout at 1M they cost 2.4 [0.0, 4.8] (8 seeds): 4 stay default.
+    # 2 epochs on Asterix: +3.2 [+0.1, +6.8] at 5M steps (8 seeds), +4.3 [-0.4, +9.6] at 10M (10
+    # seeds). On Breakout at 1M they cost 2.4 [0.0, 4.8] (8 seeds): 4 stay the default.
     "Asterix-MinAtar": {"update_epochs": 2},
 }
 

@@ -238,6 +238,39 @@ def games_10m_current_table() -> str:
     return "\n".join(lines)
 
 
+ASTERIX_EPOCHS_10M = {  # setting: its two files in results/current_code, seeds 1-5 and 6-10
+    "2 epochs (its row)": ("Asterix__10000000.json", "epochs2_seeds6-10__Asterix__10000000.json"),
+    "4 epochs (the shared defaults)": ("epochs4__Asterix__10000000.json",
+                                       "epochs4_seeds6-10__Asterix__10000000.json")}
+
+
+def asterix_epochs_10m_table() -> str:
+    """Asterix at 10M steps with 2 and 4 epochs on seeds 1-10, the code from c3ef732."""
+    pooled = {}
+    for label, files in ASTERIX_EPOCHS_10M.items():
+        parts = [load("current_code", f) for f in files]
+        assert [s for p in parts for s in p["seeds"]] == list(range(1, 11)), label
+        pooled[label] = {k: [x for p in parts for x in p[k]]
+                         for k in ("eval_returns", "eval_returns_minatar")}
+    lines = ["| setting | gymnax's protocol, per seed | mean [95% CI] | MinAtar's protocol, "
+             "mean [95% CI] |", "|---|---|---:|---:|"]
+    for label, result in pooled.items():
+        lines.append(f"| {label} | {', '.join(f'{x:.1f}' for x in result['eval_returns'])} | "
+                     f"{ci(stats.summarize(result['eval_returns'])['mean'])} | "
+                     f"{ci(stats.summarize(result['eval_returns_minatar'])['mean'])} |")
+    two, four = pooled.values()
+    cells = [signed_ci(stats.compare(four[k], two[k])["mean_difference"])
+             for k in ("eval_returns", "eval_returns_minatar")]
+    lines.append(f"| 2 epochs − 4, same seeds | | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
+def asterix_epochs_10m_commands() -> str:
+    return "```bash\n" + "\n".join(load("current_code", f)["command"]
+                                    for files in ASTERIX_EPOCHS_10M.values()
+                                    for f in files) + "\n```"
+
+
 def games_10m_current_commands() -> str:
     return "```bash\n" + "\n".join(load("current_code", f"{game}__10000000.json")["command"]
                                     for game in CURRENT_10M) + "\n```"
@@ -829,6 +862,8 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "games-10m-commands": games_10m_commands, "readme-games": readme_games_table,
           "readme-games-commands": readme_games_commands, "device-speed": device_speed_table, "breakout-budgets": breakout_budgets_table, "fresh-seeds": fresh_seeds_table, "code-change": code_change_table,
           "games-10m-current": games_10m_current_table,
+          "asterix-epochs-10m": asterix_epochs_10m_table,
+          "asterix-epochs-10m-commands": asterix_epochs_10m_commands,
           "games-10m-current-commands": games_10m_current_commands,
           "readable-speed": lambda: script_speed_table("script_speed_readable.json"),
           "device-free-speed": lambda: script_speed_table("script_speed_device_free.json"),
