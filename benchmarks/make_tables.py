@@ -627,6 +627,76 @@ def third_screen_table() -> str:
     return "\n".join(lines)
 
 
+# The fourth screen, with the code from c3ef732: (folder, file, label, environment of the prototype
+# patch in results/prototypes), each against its starting point on the same seeds.
+FOURTH_SCREEN = {
+    ("current_code", "defaults_seeds1-8__Breakout__1000000.json"): [
+        ("current_code", "mb32__Breakout__1000000.json", "32 minibatches", ""),
+        ("prototypes", "rewardscale01__Breakout__1000000.json",
+         "the critic's returns scaled by 0.1", "REWARD_SCALE=0.1"),
+        ("prototypes", "rewardscale10__Breakout__1000000.json",
+         "the critic's returns scaled by 10", "REWARD_SCALE=10"),
+        ("prototypes", "patch16__Breakout__1000000.json",
+         "2x2 patches, stride 2, 16 features, before the MLP", "PATCH=16"),
+        ("prototypes", "conv8_3_stride2__Breakout__1000000.json",
+         "3x3 convolution, 8 channels, stride 2, before the MLP", "CONV=8,3 CONV_STRIDE=2"),
+        ("prototypes", "conv8_3_2__Breakout__1000000.json",
+         "3x3 convolution, 8 channels, stride 1, 2x2 average pooling, before the MLP",
+         "CONV=8,3,2")],
+}
+
+
+def fourth_screen_table() -> str:
+    """Each change against its starting point, on the seeds the change ran (seeds 1-8 or 1-4)."""
+    lines = ["| game, steps | change | seeds | starting point, gymnax's protocol | mean | "
+             "difference [95% CI] | MinAtar's protocol, difference [95% CI] |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    keys = ("eval_returns", "eval_returns_minatar")
+    for (folder, base_file), rows in FOURTH_SCREEN.items():
+        base = load(folder, base_file)
+        game, steps = base_file.split("__")[1], int(base_file.split("__")[2][:-5])
+        for alt_folder, file, label, _ in rows:
+            alt = load(alt_folder, file)
+            on = {k: np.array([dict(zip(base["seeds"], base[k]))[seed] for seed in alt["seeds"]])
+                  for k in keys}  # the starting point on the change's seeds
+            cells = [f"{game}, {steps // 1_000_000}M", label, seed_range(alt["seeds"]),
+                     ci(stats.summarize(on["eval_returns"])["mean"]),
+                     ci(stats.summarize(alt["eval_returns"])["mean"])]
+            cells += [signed_ci(stats.compare(on[k], alt[k])["mean_difference"]) for k in keys]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def fourth_screen_commands() -> str:
+    commands = []
+    for (folder, base_file), rows in FOURTH_SCREEN.items():
+        commands.append(load(folder, base_file)["command"])
+        for alt_folder, file, _, env in rows:
+            commands.append(" ".join(filter(None, [env, load(alt_folder, file)["command"]])))
+    return "```bash\n" + "\n".join(commands) + "\n```"
+
+
+def torso_speed_table() -> str:
+    """Training speed of the torso prototypes, alternating rounds of the script (one seed)."""
+    result = load("prototypes", "torso_speed.json")
+    runs = result["runs"]
+    rounds = sorted({r["round"] for r in runs})
+    sps = {(r["variant"], r["round"]): r["sps"] for r in runs}
+    labels = {"mlp": "the defaults (64-64 MLP)",
+              "conv8_3_s2": "3x3 convolution, 8 channels, stride 2",
+              "conv8_3_2": "3x3 convolution, 8 channels, stride 1, pooled"}
+    lines = [f"Measured on {result['machine']}; `{result['command']}`, with the patch and "
+             f"each row's environment, {len(rounds)} rounds; medians (range over the rounds).", "",
+             "| torso | training SPS | the defaults' SPS over its SPS, per round |",
+             "|---|---:|---:|"]
+    for variant, label in labels.items():
+        own = [sps[variant, k] for k in rounds]
+        ratio = [sps["mlp", k] / sps[variant, k] for k in rounds]
+        lines.append(f"| {label} | {np.median(own):,.0f} ({min(own):,.0f}-{max(own):,.0f}) | "
+                     f"{np.median(ratio):.1f} ({min(ratio):.1f}-{max(ratio):.1f}) |")
+    return "\n".join(lines)
+
+
 def third_screen_commands() -> str:
     files = [f for base, rows in THIRD_SCREEN.items() for f in (base, *(r[0] for r in rows))]
     return "```bash\n" + "\n".join(load("screen", f)["command"] for f in files) + "\n```"
@@ -863,6 +933,8 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "readme-games-commands": readme_games_commands, "device-speed": device_speed_table, "breakout-budgets": breakout_budgets_table, "fresh-seeds": fresh_seeds_table, "code-change": code_change_table,
           "games-10m-current": games_10m_current_table,
           "asterix-epochs-10m": asterix_epochs_10m_table,
+          "fourth-screen": fourth_screen_table, "fourth-screen-commands": fourth_screen_commands,
+          "torso-speed": torso_speed_table,
           "asterix-epochs-10m-commands": asterix_epochs_10m_commands,
           "games-10m-current-commands": games_10m_current_commands,
           "readable-speed": lambda: script_speed_table("script_speed_readable.json"),
