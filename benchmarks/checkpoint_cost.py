@@ -62,7 +62,7 @@ def main() -> None:
     args.checkpoint_every = bench.checkpoint_every
     env, env_params = ppo.make_env(args.env_id, args.sticky_action_prob)
     network = ppo.make_network(env.action_space(env_params).n, args.hidden_sizes, args.activation,
-                               args.layer_norm)
+                               args.layer_norm, args.conv_channels)
     optimizer = ppo.make_optimizer(args)
     mesh = ppo.make_mesh(args.num_devices)
     init = functools.partial(ppo.init_runner, env=env, env_params=env_params, network=network,

@@ -206,7 +206,7 @@ def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, nu
     # The training protocol (--ppo.sticky-action-prob) holds for the evaluation too.
     env, env_params = ppo_breakout.make_env(cfg.env_id, cfg.sticky_action_prob)
     network = ppo_breakout.make_network(env.action_space(env_params).n, cfg.hidden_sizes, cfg.activation,
-                                        cfg.layer_norm)
+                                        cfg.layer_norm, cfg.conv_channels)
     optimizer = ppo_breakout.make_optimizer(cfg)
     update_step = ppo_breakout.make_update_step(cfg, env, env_params, network, optimizer)
 

@@ -717,7 +717,7 @@ def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
 
 def tiny_network_params(args: ppo.Args) -> hk.Params:
     """Freshly initialised parameters of the network `args` describes: the shapes a saved model must have."""
-    network = ppo.make_network(3, args.hidden_sizes, args.activation, args.layer_norm)
+    network = ppo.make_network(3, args.hidden_sizes, args.activation, args.layer_norm, args.conv_channels)
     return network.init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
 
 
@@ -817,18 +817,21 @@ def test_a_saved_model_evaluates_to_the_training_runs_own_evaluation(tiny_run, t
 
 
 def test_a_saved_model_brings_its_network_arguments_with_it(tmp_path):
-    # A model of another width, activation and game evaluates without its flags: the header gives them.
-    args = tyro.cli(ppo.Args, args=["--hidden-sizes", "16", "--activation", "relu", "--env-id", "Asterix-MinAtar"])
+    # A model of another width, activation, convolution and game evaluates without its flags: the
+    # header gives them.
+    args = tyro.cli(ppo.Args, args=["--hidden-sizes", "16", "--activation", "relu", "--env-id", "Asterix-MinAtar",
+                                    "--conv-channels", "2"])
     env, env_params = ppo.make_env(args.env_id, 0.0)
     obs = jnp.zeros((1, *env.observation_space(env_params).shape))
     params = ppo.make_network(env.num_actions, args.hidden_sizes, args.activation,
-                              args.layer_norm).init(jax.random.key(0), obs)
+                              args.layer_norm, args.conv_channels).init(jax.random.key(0), obs)
     model = str(tmp_path / "asterix.safetensors")
     checkpoint.save_model(model, params, network_args(args), {})
     result = run_in_process(tmp_path, "--load-model", model, "--eval-episodes", "4", "--hidden-sizes", "16")
     assert result.returncode == 0, result.stderr
     saved = read_summary(only_run_dir(tmp_path))["args"]
-    assert (saved["env_id"], saved["hidden_sizes"], saved["activation"]) == ("Asterix-MinAtar", [16], "relu")
+    assert (saved["env_id"], saved["hidden_sizes"], saved["activation"], saved["conv_channels"]) == (
+        "Asterix-MinAtar", [16], "relu", 2)
 
 
 def test_plot_curves_overlays_runs_and_never_overwrites(tiny_run, tmp_path):
@@ -862,6 +865,17 @@ def test_saved_model_round_trips_with_the_network_arguments_in_its_header(tmp_pa
                              "--env-id", "Asterix-MinAtar"], "--env-id Breakout-MinAtar, not Asterix-MinAtar")]:
         with pytest.raises(ValueError, match=message):
             checkpoint.load_model(path, network_args(tyro.cli(ppo.Args, args=flags)), params)
+    # With a convolution, and without: the header says which.
+    conv = tyro.cli(ppo.Args, args=["--hidden-sizes", "8", "4", "--activation", "relu", "--conv-channels", "2"])
+    conv_path = str(tmp_path / "conv.safetensors")
+    checkpoint.save_model(conv_path, tiny_network_params(conv), network_args(conv), {})
+    with pytest.raises(ValueError, match="--conv-channels 2, not 0"):
+        checkpoint.load_model(conv_path, network_args(args), params, ppo.NETWORK_ARGS_BEFORE)
+    # A file saved before conv_channels existed has no convolution.
+    older = str(tmp_path / "older.safetensors")
+    checkpoint.save_model(older, params, {k: v for k, v in network_args(args).items() if k != "conv_channels"}, {})
+    assert checkpoint.read_network_args(older, ppo.NETWORK_ARGS, ppo.NETWORK_ARGS_BEFORE)["conv_channels"] == 0
+    checkpoint.load_model(older, network_args(args), params, ppo.NETWORK_ARGS_BEFORE)
     # A header that lies about the network: the tensors' shapes are checked too.
     other = ppo.make_network(3, (8, 5), "relu", False).init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
     with pytest.raises(ValueError, match="does not hold the parameters of this network"):
@@ -960,6 +974,9 @@ BAD_INPUTS = [
     (["--seed", str(2**32)], "--seed must be in [0, 4294967295]"),
     (["--hidden-sizes", "64", "0"], "--hidden-sizes must be one or more positive widths"),
     (["--hidden-sizes"], "--hidden-sizes must be one or more positive widths"),
+    (["--conv-channels", "-1"], "--conv-channels must be 0 (none) or positive, got -1"),
+    (["--conv-channels", "8", "--env-id", "CartPole-v1"],
+     "--conv-channels needs a grid of observations (height, width, channels); CartPole-v1's are of shape (4,)"),
     (["--exp-name", "../../../escape"], "--exp-name must be a plain name"),
     (["--exp-name", "a/b"], "--exp-name must be a plain name"),
     (["--exp-name", ".."], "--exp-name must be a plain name"),
@@ -1047,6 +1064,39 @@ def test_hidden_sizes_and_activation_set_the_shared_torso(activation, feature_fa
     assert shapes == [(400, 32), (32 * f, 16), (16 * f, 8)]
     assert params["policy"]["w"].shape == (8 * f, 3) and params["value"]["w"].shape == (8 * f, 1)
     np.testing.assert_allclose(np.linalg.norm(params["torso_0"]["w"], axis=0), gain, rtol=1e-5)
+
+
+def test_the_grid_convolution_is_one_3x3_filter_bank_at_every_cell_then_2x2_means():
+    # Written out cell by cell: zero padding at the edges (the output keeps the grid's size before
+    # pooling), ReLU, then the mean of each 2x2 block.
+    conv = hk.without_apply_rng(hk.transform(lambda o: ppo.grid_convolution(o, 3)))
+    obs = jax.random.bernoulli(jax.random.key(0), 0.4, (2, 10, 10, 4)).astype(jnp.float32)
+    params = conv.init(jax.random.key(1), obs)
+    w, b = (np.asarray(params["conv"][k], np.float64) for k in ("w", "b"))
+    assert w.shape == (3, 3, 4, 3)
+    padded = np.pad(np.asarray(obs, np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    cells = np.zeros((2, 10, 10, 3))
+    for y in range(10):
+        for x in range(10):
+            cells[:, y, x] = np.einsum("nijc,ijcf->nf", padded[:, y:y + 3, x:x + 3], w) + b
+    expected = np.maximum(cells, 0).reshape(2, 5, 2, 5, 2, 3).mean(axis=(2, 4))
+    np.testing.assert_allclose(conv.apply(params, obs), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_conv_channels_put_the_grid_convolution_before_the_torso():
+    obs = jax.random.bernoulli(jax.random.key(0), 0.4, (2, 10, 10, 4)).astype(jnp.float32)
+    network = ppo.make_network(3, (32, 16), "crelu", True, conv_channels=8)
+    params = network.init(jax.random.key(1), obs)
+    assert params["conv"]["w"].shape == (3, 3, 4, 8)
+    assert params["torso_0"]["w"].shape == (5 * 5 * 8, 32)  # the pooled 5x5 grid of 8 channels
+    conv = hk.without_apply_rng(hk.transform(lambda o: ppo.grid_convolution(o, 8)))
+    torso_input = conv.apply({"conv": params["conv"]}, obs).reshape(2, -1)
+    pre_activation = torso_input @ params["torso_0"]["w"] + params["torso_0"]["b"]
+    _, _, features = network.apply(params, obs, return_features=True)
+    normed = (pre_activation - pre_activation.mean(-1, keepdims=True)) / jnp.sqrt(
+        pre_activation.var(-1, keepdims=True) + 1e-5)  # LayerNorm at its initial scale 1, offset 0
+    np.testing.assert_allclose(features[:, :32] - features[:, 32:64], normed, rtol=1e-4, atol=1e-4)
+    assert "conv" not in ppo.make_network(3, (32, 16), "crelu", True).init(jax.random.key(1), obs)
 
 
 def test_every_activation_the_cli_accepts_has_a_gain():

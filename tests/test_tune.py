@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -104,6 +106,25 @@ def test_a_seed_trains_the_same_beside_any_seeds_on_any_number_of_devices():
     np.testing.assert_array_equal(together.return_sums[1:2], alone.return_sums)
     np.testing.assert_array_equal(together.episodes[1:2], alone.episodes)
     assert not np.array_equal(together.return_sums[0], together.return_sums[1])  # the seeds do differ
+
+
+def test_the_harness_builds_the_network_its_settings_describe(monkeypatch):
+    class Built(Exception):
+        pass
+
+    def build(*args, **kwargs):  # the network the harness asks for, and no training after it
+        raise Built(make_network(*args, **kwargs))
+
+    make_network = tune.ppo_breakout.make_network
+    monkeypatch.setattr(tune.ppo_breakout, "make_network", build)
+    cfg = tune.ppo_breakout.fill_runtime_fields(tune.ppo_breakout.Args(
+        total_timesteps=4096, num_envs=16, num_steps=128, hidden_sizes=(8,), activation="relu",
+        layer_norm=False, conv_channels=2))
+    with pytest.raises(Built) as built:
+        tune.train_seeds(cfg, [1], eval_episodes=8, num_chunks=1, num_devices=1)
+    params = built.value.args[0].init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
+    assert params["conv"]["w"].shape == (3, 3, 4, 2) and params["torso_0"]["w"].shape == (50, 8)
+    assert "torso_norm_0" not in params and params["policy"]["w"].shape == (8, 3)  # ReLU: 8 features
 
 
 def test_a_killed_harness_run_resumes_from_its_last_chunk_bit_for_bit(tmp_path, cache_dir):

@@ -70,8 +70,11 @@ def read_safetensors(path: str, what: str) -> tuple[dict[str, np.ndarray], dict[
     return tensors, header
 
 
-def header_value(path: str, header: dict[str, str], name: str):
-    """The JSON value of `name` in a file's header; ValueError naming the file and the field."""
+def header_value(path: str, header: dict[str, str], name: str, before: dict | None = None):
+    """The JSON value of `name` in a file's header, or its value in `before` (files saved before the
+    field existed); ValueError naming the file and the field."""
+    if name not in header and name in (before or {}):
+        return before[name]
     if name not in header:
         raise ValueError(f"{path} has no {name} in its header: it was not saved by this script")
     try:
@@ -102,18 +105,19 @@ def save_model(path: str, params: dict, network_args: dict, metadata: dict[str, 
     write_atomically(path, safetensors.numpy.save(tensors, header))
 
 
-def read_network_args(path: str, names: tuple[str, ...]) -> dict:
-    """The arguments that rebuild the network, from the header of the model file at `path`."""
+def read_network_args(path: str, names: tuple[str, ...], before: dict | None = None) -> dict:
+    """The arguments that rebuild the network, from the header of the model file at `path`
+    (`before`: see header_value)."""
     _, header = read_safetensors(path, "--load-model")
-    return {name: header_value(path, header, name) for name in names}
+    return {name: header_value(path, header, name, before) for name in names}
 
 
-def load_model(path: str, network_args: dict, expected: dict) -> dict:
+def load_model(path: str, network_args: dict, expected: dict, before: dict | None = None) -> dict:
     """The parameters saved at `path`, checked against this run's `network_args` and the shapes of
     `expected`; raises ValueError saying what is wrong."""
     tensors, header = read_safetensors(path, "--load-model")
     for name, value in network_args.items():
-        saved, wanted = header_value(path, header, name), json.loads(json.dumps(value))
+        saved, wanted = header_value(path, header, name, before), json.loads(json.dumps(value))
         if saved != wanted:
             show = lambda v: " ".join(map(str, v)) if isinstance(v, list) else v  # noqa: E731
             raise ValueError(f"{path} was trained with {flag(name)} {show(saved)}, "
