@@ -100,7 +100,7 @@ class Args:
     from collapsing (docs/tuning.md)"""
     conv_channels: int = 0
     """channels of a 3x3 convolution over the grid before the torso, then 2x2 average pooling (0:
-    none); it learns far more per step and trains about 13x slower on a CPU (docs/tuning.md)"""
+    none; why it is off by default: docs/tuning.md)"""
     ratio: Literal["log", "direct"] = "log"
     """PPO's probability ratio: log, exp(log pi - log pi_old); direct, pi / pi_old as the paper
     writes it"""
@@ -204,8 +204,9 @@ ACTIVATIONS = {"crelu": (crelu, 1.0), "relu": (jax.nn.relu, np.sqrt(2))}
 
 
 def grid_convolution(obs: jax.Array, channels: int) -> jax.Array:
-    """The same 3x3 filters at every cell of the grid (as PQN and pgx use), ReLU, then the mean of
-    each 2x2 block: (N, H, W, C) -> (N, H // 2, W // 2, channels)."""
+    """The same 3x3 filters at every cell of the grid (PQN and pgx put a convolution over MinAtar's
+    grid: docs/tuning.md), ReLU, then the mean of each 2x2 block: (N, H, W, C) -> (N, H // 2,
+    W // 2, channels)."""
     x = hk.Conv2D(channels, kernel_shape=3, padding="SAME",
                   w_init=hk.initializers.Orthogonal(scale=np.sqrt(2)), name="conv")(obs)
     return hk.avg_pool(jax.nn.relu(x), window_shape=(1, 2, 2, 1), strides=(1, 2, 2, 1),
@@ -693,7 +694,7 @@ def take_saved_args(args: Args, given: set[str]) -> str | None:
         if args.resume and args.load_model:
             return "--resume continues training and --load-model only evaluates: give one of them"
         if args.load_model:
-            saved = checkpoint.read_network_args(args.load_model, NETWORK_ARGS, NETWORK_ARGS_BEFORE)
+            saved = checkpoint.read_network_args(args.load_model, NETWORK_ARGS, ADDED_ARGS)
             return cli.adopt(args, saved, given, f"{args.load_model} was trained")
         if args.resume:
             saved = read_checkpoint_args(args.resume)
@@ -715,12 +716,14 @@ def estimate_memory_bytes(args: Args, env, env_params) -> tuple[int, int]:
     def nbytes(tree) -> int:
         return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
-    layer_inputs = [math.prod(obs.shape)] + [2 * width for width in args.hidden_sizes]  # CReLU: 2x
+    torso_input = math.prod(obs.shape)
+    if args.conv_channels:  # the torso reads the convolution's pooled grid
+        torso_input = obs.shape[0] // 2 * (obs.shape[1] // 2) * args.conv_channels
+    layer_inputs = [torso_input] + [2 * width for width in args.hidden_sizes]  # CReLU: 2x
     num_params = sum(i * o for i, o in zip(layer_inputs, [*args.hidden_sizes, env.num_actions + 1]))
-    if args.conv_channels:  # its output over the whole grid, and the pooled one the torso takes
+    if args.conv_channels:  # its filters, and its output over the whole grid
+        num_params += 9 * obs.shape[-1] * args.conv_channels
         layer_inputs.append(math.prod(obs.shape[:2]) * args.conv_channels)
-        num_params += (layer_inputs[-1] // 4 * args.hidden_sizes[0]
-                       + 9 * obs.shape[-1] * args.conv_channels)
     features = 4 * sum(layer_inputs)  # bytes per sample
     sample = nbytes(obs) + 4 * (env.num_actions + 8)
     rollout = args.num_envs * args.num_steps * sample + args.num_envs * (nbytes(state) + features)
@@ -745,9 +748,10 @@ def fill_runtime_fields(args: Args) -> Args:
 LOSS_METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac",
                 "explained_variance")
 CACHE_MAX_BYTES = 2**30  # a search compiles a program per setting: the cache must not fill the disk
-# In the model file's header; files saved before conv_channels existed had no convolution.
+# The arguments that rebuild the network, in a model file's header; ADDED_ARGS: the fields added
+# since model files and search studies were first saved, with the value they had before.
 NETWORK_ARGS = ("env_id", "hidden_sizes", "activation", "layer_norm", "conv_channels")
-NETWORK_ARGS_BEFORE = {"conv_channels": 0}
+ADDED_ARGS = {"conv_channels": 0}
 
 
 class History(NamedTuple):
@@ -920,7 +924,7 @@ def load_params(args: Args, env, env_params, network: hk.Transformed, key: jax.A
     shapes = jax.eval_shape(network.init, key, like)
     network_args = {name: getattr(args, name) for name in NETWORK_ARGS}
     return cli.or_exit(checkpoint.load_model, args.load_model, network_args, shapes,
-                       NETWORK_ARGS_BEFORE)
+                       ADDED_ARGS)
 
 
 def compile_training(args: Args, env, env_params, network: hk.Transformed,

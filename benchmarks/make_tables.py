@@ -627,27 +627,28 @@ def third_screen_table() -> str:
     return "\n".join(lines)
 
 
-# The fourth screen, with the code from c3ef732: (folder, file, label, environment of the prototype
-# patch in results/prototypes), each against its starting point on the same seeds.
+# The fourth screen, with the code from c3ef732: (folder, file, label) of each change against its
+# starting point on the same seeds. A prototype's JSON records the environment that switched the
+# patch in results/prototypes on.
 FOURTH_SCREEN = {
     ("current_code", "defaults_seeds1-8__Breakout__1000000.json"): [
-        ("current_code", "mb32__Breakout__1000000.json", "32 minibatches", ""),
-        ("prototypes", "rewardscale01__Breakout__1000000.json",
-         "the critic's returns scaled by 0.1", "REWARD_SCALE=0.1"),
-        ("prototypes", "rewardscale10__Breakout__1000000.json",
-         "the critic's returns scaled by 10", "REWARD_SCALE=10"),
+        ("current_code", "mb32__Breakout__1000000.json", "32 minibatches"),
+        ("prototypes", "rewardscale01__Breakout__1000000.json", "the critic's returns scaled by 0.1"),
+        ("prototypes", "rewardscale10__Breakout__1000000.json", "the critic's returns scaled by 10"),
         ("prototypes", "patch16__Breakout__1000000.json",
-         "2x2 patches, stride 2, 16 features, before the MLP", "PATCH=16"),
+         "2x2 patches, stride 2, 16 features, before the MLP"),
         ("prototypes", "conv8_3_stride2__Breakout__1000000.json",
-         "3x3 convolution, 8 channels, stride 2, before the MLP", "CONV=8,3 CONV_STRIDE=2"),
+         "3x3 convolution, 8 channels, stride 2, before the MLP"),
         ("prototypes", "conv8_3_2__Breakout__1000000.json",
-         "3x3 convolution, 8 channels, stride 1, 2x2 average pooling, before the MLP",
-         "CONV=8,3,2")],
+         "3x3 convolution, 8 channels, stride 1, 2x2 average pooling, before the MLP")],
+    ("current_code", "epochs2_seeds1-8__Asterix__5000000.json"): [
+        ("prototypes", "epochs2_conv8_3_2_seeds1-4__Asterix__5000000.json",
+         "3x3 convolution, 8 channels, stride 1, 2x2 average pooling, before the MLP")],
 }
 
 
 def fourth_screen_table() -> str:
-    """Each change against its starting point, on the seeds the change ran (seeds 1-8 or 1-4)."""
+    """Each change against its starting point, on the seeds the change ran."""
     lines = ["| game, steps | change | seeds | starting point, gymnax's protocol | mean | "
              "difference [95% CI] | MinAtar's protocol, difference [95% CI] |",
              "|---|---|---:|---:|---:|---:|---:|"]
@@ -655,7 +656,7 @@ def fourth_screen_table() -> str:
     for (folder, base_file), rows in FOURTH_SCREEN.items():
         base = load(folder, base_file)
         game, steps = base_file.split("__")[1], int(base_file.split("__")[2][:-5])
-        for alt_folder, file, label, _ in rows:
+        for alt_folder, file, label in rows:
             alt = load(alt_folder, file)
             on = {k: np.array([dict(zip(base["seeds"], base[k]))[seed] for seed in alt["seeds"]])
                   for k in keys}  # the starting point on the change's seeds
@@ -671,9 +672,23 @@ def fourth_screen_commands() -> str:
     commands = []
     for (folder, base_file), rows in FOURTH_SCREEN.items():
         commands.append(load(folder, base_file)["command"])
-        for alt_folder, file, _, env in rows:
-            commands.append(" ".join(filter(None, [env, load(alt_folder, file)["command"]])))
+        for alt_folder, file, _ in rows:
+            result = load(alt_folder, file)
+            commands.append(" ".join(filter(None, [result.get("environment"), result["command"]])))
     return "```bash\n" + "\n".join(commands) + "\n```"
+
+
+def conv_flag_check() -> str:
+    """The script's --conv-channels 8 against the prototype it was built from: the same run."""
+    flag, prototype = (load("prototypes", f"conv_flag_check__{name}__Breakout__65536.json")
+                       for name in ("flag", "prototype"))
+    same = all(flag[k] == prototype[k] for k in ("seeds", "eval_returns", "eval_returns_minatar",
+                                                  "curve"))
+    assert same, "--conv-channels 8 no longer computes the prototype"
+    return "\n".join(["```bash", flag["command"],
+                      f"{prototype['environment']} {prototype['command']}", "```", "",
+                      f"Both give evaluation returns {', '.join(map(str, flag['eval_returns']))} "
+                      f"on seeds {seed_range(flag['seeds'])}, and the same training curve."])
 
 
 def torso_speed_table() -> str:
@@ -935,6 +950,7 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "asterix-epochs-10m": asterix_epochs_10m_table,
           "fourth-screen": fourth_screen_table, "fourth-screen-commands": fourth_screen_commands,
           "torso-speed": torso_speed_table,
+          "conv-flag-check": conv_flag_check,
           "asterix-epochs-10m-commands": asterix_epochs_10m_commands,
           "games-10m-current-commands": games_10m_current_commands,
           "readable-speed": lambda: script_speed_table("script_speed_readable.json"),

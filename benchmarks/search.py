@@ -253,7 +253,10 @@ def open_study(args: Args, storage: optuna.storages.BaseStorage) -> optuna.Study
             fail(f"{where} holds no search settings (made by another program, or its maker stopped "
                  "while making it); choose another --study-name")
         time.sleep(0.2)
-    differ = differences(study.user_attrs["search"]["settings"], settings)
+    stored = study.user_attrs["search"]["settings"]
+    # A study stored before a field of Args existed ran with the value that field had then.
+    stored["ppo"] = {**ppo_breakout.ADDED_ARGS, **stored["ppo"]}
+    differ = differences(stored, settings)
     if differ:
         fail(f"{where} was made with other settings ({'; '.join(differ[:3])}); choose another "
              "--study-name or its settings")

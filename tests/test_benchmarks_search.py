@@ -42,15 +42,20 @@ def refusal(argv, monkeypatch, capsys) -> tuple[int, str, float]:
     """search.py's main() on these flags in this process, for input it must refuse before any
     training: (exit status, stderr, seconds taken). In-process, a case does not pay a new
     process's imports (about 5 s); one test below checks the refusal from the shell."""
+    def no_trial(*_):
+        raise AssertionError("search.py went on to run trials instead of refusing")
+
     monkeypatch.setattr(sys, "argv", [SEARCH, *argv])
+    monkeypatch.setattr(search, "run_worker", no_trial)
     verbosity = optuna.logging.get_verbosity()
     start = time.time()
-    with pytest.raises(SystemExit) as exit_, warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # as search.py does
-        search.main()
-    seconds = time.time() - start
-    optuna.logging.set_verbosity(verbosity)  # main() quiets Optuna before it opens the storage
-    return exit_.value.code, capsys.readouterr().err, seconds
+    try:
+        with pytest.raises(SystemExit) as exit_, warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # as search.py
+            search.main()
+    finally:
+        optuna.logging.set_verbosity(verbosity)  # main() quiets Optuna before opening the storage
+    return exit_.value.code, capsys.readouterr().err, time.time() - start
 
 
 def load(storage) -> optuna.Study:
@@ -248,6 +253,20 @@ def test_a_killed_workers_trial_is_finished_by_another(server, cache_dir):
     assert retry.state == TrialState.COMPLETE and retry.params == killed.params
     assert retry.user_attrs["worker"] != killed.user_attrs["worker"]
     assert len(search.finished(study)) == 2
+
+
+def test_a_study_stored_before_a_field_existed_is_joined_with_its_value_then(tmp_path, capsys):
+    args = search.Args(storage=str(tmp_path / "study.db"), fixed=FIXED)
+    storage = search.open_storage(args)
+    study = search.open_study(args, storage)  # made, with today's settings
+    older = json.loads(json.dumps(study.user_attrs["search"]))
+    del older["settings"]["ppo"]["conv_channels"]  # as a study made before the field existed
+    study.set_user_attr("search", older)
+    assert search.open_study(args, storage).user_attrs["search"] == older  # joined
+    args.ppo.conv_channels = 8  # but that study ran without a convolution
+    with pytest.raises(SystemExit):
+        search.open_study(args, storage)
+    assert "ppo.conv_channels: 0 there, 8 here" in capsys.readouterr().err
 
 
 def test_a_trial_numbered_past_the_budget_does_not_run(server):

@@ -834,6 +834,25 @@ def test_a_saved_model_brings_its_network_arguments_with_it(tmp_path):
         "Asterix-MinAtar", [16], "relu", 2)
 
 
+def test_a_run_with_a_convolution_trains_and_saves_it(tmp_path):
+    result = run_in_process(tmp_path, *TINY, "--conv-channels", "2")
+    assert result.returncode == 0, result.stderr
+    run_dir = only_run_dir(tmp_path)
+    assert read_summary(run_dir)["status"] == "completed"
+    tensors, header = checkpoint.read_safetensors(os.path.join(run_dir, "model.safetensors"), "--load-model")
+    assert tensors["conv/w"].shape == (3, 3, 4, 2) and json.loads(header["conv_channels"]) == 2
+
+
+def test_a_model_file_from_before_the_convolution_evaluates_without_one(tmp_path):
+    args = tyro.cli(ppo.Args, args=["--hidden-sizes", "16"])
+    older = str(tmp_path / "older.safetensors")
+    header = {k: v for k, v in network_args(args).items() if k != "conv_channels"}
+    checkpoint.save_model(older, tiny_network_params(args), header, {})
+    result = run_in_process(tmp_path, "--load-model", older, "--eval-episodes", "4")
+    assert result.returncode == 0, result.stderr
+    assert read_summary(only_run_dir(tmp_path))["args"]["conv_channels"] == 0
+
+
 def test_plot_curves_overlays_runs_and_never_overwrites(tiny_run, tmp_path):
     _, run_dir = tiny_run
     plot = os.path.join(os.path.dirname(SCRIPT), "benchmarks", "plot_curves.py")
@@ -870,12 +889,12 @@ def test_saved_model_round_trips_with_the_network_arguments_in_its_header(tmp_pa
     conv_path = str(tmp_path / "conv.safetensors")
     checkpoint.save_model(conv_path, tiny_network_params(conv), network_args(conv), {})
     with pytest.raises(ValueError, match="--conv-channels 2, not 0"):
-        checkpoint.load_model(conv_path, network_args(args), params, ppo.NETWORK_ARGS_BEFORE)
+        checkpoint.load_model(conv_path, network_args(args), params, ppo.ADDED_ARGS)
     # A file saved before conv_channels existed has no convolution.
     older = str(tmp_path / "older.safetensors")
     checkpoint.save_model(older, params, {k: v for k, v in network_args(args).items() if k != "conv_channels"}, {})
-    assert checkpoint.read_network_args(older, ppo.NETWORK_ARGS, ppo.NETWORK_ARGS_BEFORE)["conv_channels"] == 0
-    checkpoint.load_model(older, network_args(args), params, ppo.NETWORK_ARGS_BEFORE)
+    assert checkpoint.read_network_args(older, ppo.NETWORK_ARGS, ppo.ADDED_ARGS)["conv_channels"] == 0
+    checkpoint.load_model(older, network_args(args), params, ppo.ADDED_ARGS)
     # A header that lies about the network: the tensors' shapes are checked too.
     other = ppo.make_network(3, (8, 5), "relu", False).init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
     with pytest.raises(ValueError, match="does not hold the parameters of this network"):
