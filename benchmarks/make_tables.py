@@ -691,6 +691,36 @@ def conv_flag_check() -> str:
                       f"on seeds {seed_range(flag['seeds'])}, and the same training curve."])
 
 
+EQUAL_TIME = {"Asterix": ("epochs2_conv8_seeds1-4__Asterix__2000000.json",
+                          "epochs2_seeds1-4__Asterix__26000000.json")}  # in results/current_code
+
+
+def equal_time_table() -> str:
+    """The convolution against the defaults given about the same training time: 13 times the steps
+    (the script's speed ratio), each run annealing its rate over its own budget."""
+    lines = ["| game | torso | steps | training time (harness, 4 seeds) | gymnax's protocol, mean "
+             "[95% CI] | MinAtar's protocol, mean [95% CI] |", "|---|---|---:|---:|---:|---:|"]
+    for game, files in EQUAL_TIME.items():
+        conv, mlp = (load("current_code", f) for f in files)
+        assert conv["seeds"] == mlp["seeds"] == [1, 2, 3, 4] and conv["ppo_args"]["conv_channels"]
+        for result, torso in ((conv, "3x3 convolution, 8 channels, then the 64-64 MLP"),
+                              (mlp, "64-64 MLP (the defaults)")):
+            steps = result["ppo_args"]["total_timesteps"]
+            lines.append(f"| {game} | {torso} | {steps / 1e6:g}M | "
+                         f"{result['timing']['train_seconds']:.0f} s | "
+                         f"{ci(stats.summarize(result['eval_returns'])['mean'])} | "
+                         f"{ci(stats.summarize(result['eval_returns_minatar'])['mean'])} |")
+        cells = [signed_ci(stats.compare(mlp[k], conv[k])["mean_difference"])
+                 for k in ("eval_returns", "eval_returns_minatar")]
+        lines.append(f"| {game} | convolution − MLP, same seeds | | | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)
+
+
+def equal_time_commands() -> str:
+    return "```bash\n" + "\n".join(load("current_code", f)["command"]
+                                    for files in EQUAL_TIME.values() for f in files) + "\n```"
+
+
 def torso_speed_table() -> str:
     """Training speed of the torso prototypes, alternating rounds of the script (one seed)."""
     result = load("prototypes", "torso_speed.json")
@@ -951,6 +981,7 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "fourth-screen": fourth_screen_table, "fourth-screen-commands": fourth_screen_commands,
           "torso-speed": torso_speed_table,
           "conv-flag-check": conv_flag_check,
+          "equal-time": equal_time_table, "equal-time-commands": equal_time_commands,
           "asterix-epochs-10m-commands": asterix_epochs_10m_commands,
           "games-10m-current-commands": games_10m_current_commands,
           "readable-speed": lambda: script_speed_table("script_speed_readable.json"),
