@@ -126,6 +126,19 @@ def on_seeds(result: dict, seeds: list[int]) -> np.ndarray:
     return np.array([result["eval_returns"][index[s]] for s in seeds])
 
 
+PROTOCOLS = ("eval_returns", "eval_returns_minatar")  # gymnax's protocol, then MinAtar's
+
+
+def protocol_means(result: dict) -> list[str]:
+    """The mean return [95% CI] under each protocol."""
+    return [ci(stats.summarize(result[key])["mean"]) for key in PROTOCOLS]
+
+
+def protocol_differences(base: dict, alt: dict) -> list[str]:
+    """alt - base on the same seeds, the mean difference [95% CI] under each protocol."""
+    return [signed_ci(stats.compare(base[key], alt[key])["mean_difference"]) for key in PROTOCOLS]
+
+
 def seed_range(seeds: list[int]) -> str:
     return f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ", ".join(map(str, seeds))
 
@@ -255,13 +268,11 @@ def asterix_epochs_10m_table() -> str:
     lines = ["| setting | gymnax's protocol, per seed | mean [95% CI] | MinAtar's protocol, "
              "mean [95% CI] |", "|---|---|---:|---:|"]
     for label, result in pooled.items():
-        lines.append(f"| {label} | {', '.join(f'{x:.1f}' for x in result['eval_returns'])} | "
-                     f"{ci(stats.summarize(result['eval_returns'])['mean'])} | "
-                     f"{ci(stats.summarize(result['eval_returns_minatar'])['mean'])} |")
+        per_seed = ", ".join(f"{x:.1f}" for x in result["eval_returns"])
+        lines.append(f"| {label} | {per_seed} | " + " | ".join(protocol_means(result)) + " |")
     two, four = pooled.values()
-    cells = [signed_ci(stats.compare(four[k], two[k])["mean_difference"])
-             for k in ("eval_returns", "eval_returns_minatar")]
-    lines.append(f"| 2 epochs − 4, same seeds | | {cells[0]} | {cells[1]} |")
+    lines.append("| 2 epochs − 4, same seeds | | " + " | ".join(protocol_differences(four, two))
+                 + " |")
     return "\n".join(lines)
 
 
@@ -652,18 +663,15 @@ def fourth_screen_table() -> str:
     lines = ["| game, steps | change | seeds | starting point, gymnax's protocol | mean | "
              "difference [95% CI] | MinAtar's protocol, difference [95% CI] |",
              "|---|---|---:|---:|---:|---:|---:|"]
-    keys = ("eval_returns", "eval_returns_minatar")
     for (folder, base_file), rows in FOURTH_SCREEN.items():
         base = load(folder, base_file)
         game, steps = base_file.split("__")[1], int(base_file.split("__")[2][:-5])
         for alt_folder, file, label in rows:
             alt = load(alt_folder, file)
             on = {k: np.array([dict(zip(base["seeds"], base[k]))[seed] for seed in alt["seeds"]])
-                  for k in keys}  # the starting point on the change's seeds
+                  for k in PROTOCOLS}  # the starting point on the change's seeds
             cells = [f"{game}, {steps // 1_000_000}M", label, seed_range(alt["seeds"]),
-                     ci(stats.summarize(on["eval_returns"])["mean"]),
-                     ci(stats.summarize(alt["eval_returns"])["mean"])]
-            cells += [signed_ci(stats.compare(on[k], alt[k])["mean_difference"]) for k in keys]
+                     protocol_means(on)[0], protocol_means(alt)[0], *protocol_differences(on, alt)]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -708,11 +716,9 @@ def equal_time_table() -> str:
             steps = result["ppo_args"]["total_timesteps"]
             lines.append(f"| {game} | {torso} | {steps / 1e6:g}M | "
                          f"{result['timing']['train_seconds']:.0f} s | "
-                         f"{ci(stats.summarize(result['eval_returns'])['mean'])} | "
-                         f"{ci(stats.summarize(result['eval_returns_minatar'])['mean'])} |")
-        cells = [signed_ci(stats.compare(mlp[k], conv[k])["mean_difference"])
-                 for k in ("eval_returns", "eval_returns_minatar")]
-        lines.append(f"| {game} | convolution − MLP, same seeds | | | {cells[0]} | {cells[1]} |")
+                         + " | ".join(protocol_means(result)) + " |")
+        lines.append(f"| {game} | convolution − MLP, same seeds | | | "
+                     + " | ".join(protocol_differences(mlp, conv)) + " |")
     return "\n".join(lines)
 
 
