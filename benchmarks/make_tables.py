@@ -228,7 +228,7 @@ def code_change_table() -> str:
 
 
 CURRENT_10M = {"Breakout": "stickyln", "SpaceInvaders": "stickyln", "Asterix": "epochs2",
-               "Freeway": "stickyln"}  # game: the setting of its 10M run in results/screen
+               "Freeway": "stickyln", "Seaquest": "stickyln"}  # game: the setting of its 10M run in results/screen
 
 
 def games_10m_current_table() -> str:
