@@ -687,7 +687,8 @@ def fourth_screen_commands() -> str:
 
 
 def conv_flag_check() -> str:
-    """The script's --conv-channels 8 against the prototype it was built from: the same run."""
+    """The script's --conv-channels 8 (before its rewrite in 8ddb867) against the prototype it was
+    built from: the same run."""
     flag, prototype = (load("prototypes", f"conv_flag_check__{name}__Breakout__65536.json")
                        for name in ("flag", "prototype"))
     same = all(flag[k] == prototype[k] for k in ("seeds", "eval_returns", "eval_returns_minatar",
@@ -746,6 +747,70 @@ def torso_speed_table() -> str:
         lines.append(f"| {label} | {np.median(own):,.0f} ({min(own):,.0f}-{max(own):,.0f}) | "
                      f"{np.median(ratio):.1f} ({min(ratio):.1f}-{max(ratio):.1f}) |")
     return "\n".join(lines)
+
+
+def conv_speed_table() -> str:
+    """Training speed of the convolution before and after its rewrite, alternating rounds."""
+    result = load("conv", "conv_speed.json")
+    labels = {"mlp": "the defaults (64-64 MLP)",
+              "conv_old": "convolution, `hk.Conv2D` and `hk.avg_pool` (387da56)",
+              "conv_new": "convolution, one matrix product per 2x2 block (8ddb867)"}
+    lines = [f"Measured on {result['machine']}; `{result['command']}`, with each row's commit and "
+             "flags (`--conv-channels 8` for the convolution); medians (range over the rounds).", "",
+             "| game | torso | rounds | training SPS | the defaults' SPS over its SPS, per round |",
+             "|---|---|---:|---:|---:|"]
+    for game in dict.fromkeys(r["game"] for r in result["runs"]):
+        sps = {(r["variant"], r["round"]): r["sps"] for r in result["runs"] if r["game"] == game}
+        rounds = sorted({k for _, k in sps})
+        for variant, label in labels.items():
+            if (variant, rounds[0]) not in sps:
+                continue
+            own = [sps[variant, k] for k in rounds]
+            ratio = [sps["mlp", k] / sps[variant, k] for k in rounds]
+            lines.append(f"| {game.removesuffix('-MinAtar')} | {label} | {len(rounds)} | "
+                         f"{np.median(own):,.0f} ({min(own):,.0f}-{max(own):,.0f}) | "
+                         f"{np.median(ratio):.1f} ({min(ratio):.1f}-{max(ratio):.1f}) |")
+    return "\n".join(lines)
+
+
+# The faster convolution against the defaults run for more steps on the same seeds: per game, the
+# convolution's file and the defaults' files (in results/).
+CHEAP_CONV_TIME = {
+    "Breakout": ("conv/conv8_seeds1-8__Breakout__1000000.json",
+                 ("conv/defaults_seeds1-8__Breakout__2500000.json",
+                  "conv/defaults_seeds1-8__Breakout__4000000.json")),
+    "Asterix": ("conv/epochs2_conv8_seeds1-5__Asterix__5000000.json",
+                ("current_code/Asterix__10000000.json",)),
+}
+
+
+def cheap_conv_time_table() -> str:
+    """The convolution (after its rewrite) against the defaults run for more steps, each run annealing
+    its rate over its own budget; paired differences on the same seeds. (No training times: these
+    runs shared the machine with other work.)"""
+    lines = ["| game | torso | steps | seeds | gymnax's protocol, mean [95% CI] | MinAtar's protocol, "
+             "mean [95% CI] |", "|---|---|---:|---:|---:|---:|"]
+    row = lambda game, torso, r: (  # noqa: E731
+        f"| {game} | {torso} | {r['ppo_args']['total_timesteps'] / 1e6:g}M | "
+        f"{seed_range(r['seeds'])} | " + " | ".join(protocol_means(r)) + " |")
+    for game, (conv_file, mlp_files) in CHEAP_CONV_TIME.items():
+        conv = load(conv_file)
+        assert conv["ppo_args"]["conv_channels"] == 8
+        lines.append(row(game, "3x3 convolution, 8 channels, then the 64-64 MLP", conv))
+        for mlp_file in mlp_files:
+            mlp = load(mlp_file)
+            assert mlp["seeds"] == conv["seeds"] and not mlp["ppo_args"].get("conv_channels")
+            assert mlp["ppo_args"]["update_epochs"] == conv["ppo_args"]["update_epochs"]
+            steps = f"{mlp['ppo_args']['total_timesteps'] / 1e6:g}M"
+            lines.append(row(game, "64-64 MLP", mlp))
+            lines.append(f"| {game} | convolution − MLP at {steps}, same seeds | | | "
+                         + " | ".join(protocol_differences(mlp, conv)) + " |")
+    return "\n".join(lines)
+
+
+def cheap_conv_time_commands() -> str:
+    files = [f for conv, mlps in CHEAP_CONV_TIME.values() for f in (conv, *mlps)]
+    return "```bash\n" + "\n".join(load(f)["command"] for f in files) + "\n```"
 
 
 def third_screen_commands() -> str:
@@ -986,6 +1051,9 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "asterix-epochs-10m": asterix_epochs_10m_table,
           "fourth-screen": fourth_screen_table, "fourth-screen-commands": fourth_screen_commands,
           "torso-speed": torso_speed_table,
+          "conv-speed": conv_speed_table,
+          "cheap-conv-time": cheap_conv_time_table,
+          "cheap-conv-time-commands": cheap_conv_time_commands,
           "conv-flag-check": conv_flag_check,
           "equal-time": equal_time_table, "equal-time-commands": equal_time_commands,
           "asterix-epochs-10m-commands": asterix_epochs_10m_commands,
