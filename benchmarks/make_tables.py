@@ -62,7 +62,7 @@ class Args:
 
 # Defaults that changed after some results were run, with their earlier values: the commands shown
 # for those results pin the earlier values, so that they reproduce the committed JSON today.
-EARLIER_DEFAULTS = {"layer_norm": False, "sticky_action_prob": 0.0}
+EARLIER_DEFAULTS = {"layer_norm": False, "sticky_action_prob": 0.0, "conv_channels": 0}
 
 
 def pinned(command: str, recorded: dict | None) -> str:
@@ -813,6 +813,31 @@ def cheap_conv_time_commands() -> str:
     return "```bash\n" + "\n".join(load(f)["command"] for f in files) + "\n```"
 
 
+def conv_games_table() -> str:
+    """The five games at 1M steps, seeds 1-5 of the script: the defaults (the README's runs) and
+    the convolution, each seed's mean return under both protocols, with paired differences."""
+    from benchmarks import aggregate
+    lines = ["| game | protocol | defaults | convolution | convolution − defaults [95% CI] | "
+             "published PPO, 10M steps |", "|---|---|---:|---:|---:|---:|"]
+    for game in aggregate.GAMES:
+        mlp, conv = load("games", f"readme_{game}_1M.json"), load("conv", f"script_{game}_1M.json")
+        assert [r["seed"] for r in mlp["rows"]] == [r["seed"] for r in conv["rows"]]
+        assert all(r["args"]["conv_channels"] == 8 for r in conv["rows"])
+        for column, (protocol, pick) in enumerate((
+                ("gymnax's", lambda e: e["sampled"]), ("MinAtar's", lambda e: e["sticky_0.1"]["sampled"]))):
+            base, alt = ([pick(r["eval"])["mean"] for r in result["rows"]] for result in (mlp, conv))
+            lines.append(f"| {game} | {protocol} | {np.mean(base):.1f} | {np.mean(alt):.1f} | "
+                         f"{signed_ci(stats.compare(base, alt)['mean_difference'])} | "
+                         f"{aggregate.PUBLISHED[game][column]:g} |")
+    return "\n".join(lines)
+
+
+def conv_games_commands() -> str:
+    from benchmarks import aggregate
+    results = [load("conv", f"script_{game}_1M.json") for game in aggregate.GAMES]
+    return "\n".join(["```bash", *[pinned(r["command"], r["rows"][0]["args"]) for r in results], "```"])
+
+
 def third_screen_commands() -> str:
     files = [f for base, rows in THIRD_SCREEN.items() for f in (base, *(r[0] for r in rows))]
     return "```bash\n" + "\n".join(load("screen", f)["command"] for f in files) + "\n```"
@@ -1053,6 +1078,7 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "torso-speed": torso_speed_table,
           "conv-speed": conv_speed_table,
           "cheap-conv-time": cheap_conv_time_table,
+          "conv-games": conv_games_table, "conv-games-commands": conv_games_commands,
           "cheap-conv-time-commands": cheap_conv_time_commands,
           "conv-flag-check": conv_flag_check,
           "equal-time": equal_time_table, "equal-time-commands": equal_time_commands,
