@@ -838,6 +838,40 @@ def conv_games_commands() -> str:
     return "\n".join(["```bash", *[pinned(r["command"], r["rows"][0]["args"]) for r in results], "```"])
 
 
+def conv_10m_file(game: str) -> str:
+    """The convolution's 10M run of a game in results/conv (Asterix's with its row's 2 epochs)."""
+    return f"{'epochs2_' if game == 'Asterix' else ''}conv8__{game}__10000000.json"
+
+
+def conv_10m_games() -> list[str]:
+    """The games whose 10M run with the convolution is committed, in the README's order."""
+    from benchmarks import aggregate
+    return [g for g in aggregate.GAMES
+            if os.path.exists(os.path.join(ROOT, RESULTS, "conv", conv_10m_file(g)))]
+
+
+def conv_10m_table() -> str:
+    """The convolution at 10M steps against the defaults' current_code runs on the same seeds."""
+    from benchmarks import aggregate
+    lines = ["| game | protocol | defaults | convolution | convolution − defaults [95% CI] | "
+             "lowest seed, convolution | published PPO |", "|---|---|---:|---:|---:|---:|---:|"]
+    for game in conv_10m_games():
+        mlp, conv = load("current_code", f"{game}__10000000.json"), load("conv", conv_10m_file(game))
+        assert mlp["seeds"] == conv["seeds"] and conv["ppo_args"]["conv_channels"] == 8, game
+        for column, (protocol, key) in enumerate((("gymnax's", "eval_returns"),
+                                                  ("MinAtar's", "eval_returns_minatar"))):
+            lines.append(f"| {game} | {protocol} | {ci(stats.summarize(mlp[key])['mean'])} | "
+                         f"{ci(stats.summarize(conv[key])['mean'])} | "
+                         f"{signed_ci(stats.compare(mlp[key], conv[key])['mean_difference'])} | "
+                         f"{min(conv[key]):.1f} | {aggregate.PUBLISHED[game][column]:g} |")
+    return "\n".join(lines)
+
+
+def conv_10m_commands() -> str:
+    return "```bash\n" + "\n".join(load("conv", conv_10m_file(g))["command"]
+                                    for g in conv_10m_games()) + "\n```"
+
+
 def third_screen_commands() -> str:
     files = [f for base, rows in THIRD_SCREEN.items() for f in (base, *(r[0] for r in rows))]
     return "```bash\n" + "\n".join(load("screen", f)["command"] for f in files) + "\n```"
@@ -1079,6 +1113,7 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "conv-speed": conv_speed_table,
           "cheap-conv-time": cheap_conv_time_table,
           "conv-games": conv_games_table, "conv-games-commands": conv_games_commands,
+          "conv-10m": conv_10m_table, "conv-10m-commands": conv_10m_commands,
           "cheap-conv-time-commands": cheap_conv_time_commands,
           "conv-flag-check": conv_flag_check,
           "equal-time": equal_time_table, "equal-time-commands": equal_time_commands,
