@@ -756,7 +756,8 @@ def conv_speed_table() -> str:
               "conv_old": "convolution, `hk.Conv2D` and `hk.avg_pool` (387da56)",
               "conv_new": "convolution, one matrix product per 2x2 block (8ddb867)"}
     lines = [f"Measured on {result['machine']}; `{result['command']}`, with each row's commit and "
-             "flags (`--conv-channels 8` for the convolution); medians (range over the rounds).", "",
+             "flags (`--conv-channels 8` for the convolution); medians (range over the rounds).",
+             "",
              "| game | torso | rounds | training SPS | the defaults' SPS over its SPS, per round |",
              "|---|---|---:|---:|---:|"]
     for game in dict.fromkeys(r["game"] for r in result["runs"]):
@@ -785,11 +786,11 @@ CHEAP_CONV_TIME = {
 
 
 def cheap_conv_time_table() -> str:
-    """The convolution (after its rewrite) against the defaults run for more steps, each run annealing
-    its rate over its own budget; paired differences on the same seeds. (No training times: these
-    runs shared the machine with other work.)"""
-    lines = ["| game | torso | steps | seeds | gymnax's protocol, mean [95% CI] | MinAtar's protocol, "
-             "mean [95% CI] |", "|---|---|---:|---:|---:|---:|"]
+    """The convolution (after its rewrite) against the defaults run for more steps, each run
+    annealing its rate over its own budget; paired differences on the same seeds. (No training
+    times: these runs shared the machine with other work.)"""
+    lines = ["| game | torso | steps | seeds | gymnax's protocol, mean [95% CI] | "
+             "MinAtar's protocol, mean [95% CI] |", "|---|---|---:|---:|---:|---:|"]
     row = lambda game, torso, r: (  # noqa: E731
         f"| {game} | {torso} | {r['ppo_args']['total_timesteps'] / 1e6:g}M | "
         f"{seed_range(r['seeds'])} | " + " | ".join(protocol_means(r)) + " |")
@@ -823,9 +824,11 @@ def conv_games_table() -> str:
         mlp, conv = load("games", f"readme_{game}_1M.json"), load("conv", f"script_{game}_1M.json")
         assert [r["seed"] for r in mlp["rows"]] == [r["seed"] for r in conv["rows"]]
         assert all(r["args"]["conv_channels"] == 8 for r in conv["rows"])
-        for column, (protocol, pick) in enumerate((
-                ("gymnax's", lambda e: e["sampled"]), ("MinAtar's", lambda e: e["sticky_0.1"]["sampled"]))):
-            base, alt = ([pick(r["eval"])["mean"] for r in result["rows"]] for result in (mlp, conv))
+        protocols = (("gymnax's", lambda e: e["sampled"]),
+                     ("MinAtar's", lambda e: e["sticky_0.1"]["sampled"]))
+        for column, (protocol, pick) in enumerate(protocols):
+            base, alt = ([pick(r["eval"])["mean"] for r in result["rows"]]
+                         for result in (mlp, conv))
             lines.append(f"| {game} | {protocol} | {np.mean(base):.1f} | {np.mean(alt):.1f} | "
                          f"{signed_ci(stats.compare(base, alt)['mean_difference'])} | "
                          f"{aggregate.PUBLISHED[game][column]:g} |")
@@ -835,7 +838,8 @@ def conv_games_table() -> str:
 def conv_games_commands() -> str:
     from benchmarks import aggregate
     results = [load("conv", f"script_{game}_1M.json") for game in aggregate.GAMES]
-    return "\n".join(["```bash", *[pinned(r["command"], r["rows"][0]["args"]) for r in results], "```"])
+    commands = [pinned(r["command"], r["rows"][0]["args"]) for r in results]
+    return "\n".join(["```bash", *commands, "```"])
 
 
 def conv_10m_file(game: str) -> str:
@@ -856,7 +860,8 @@ def conv_10m_table() -> str:
     lines = ["| game | protocol | defaults | convolution | convolution − defaults [95% CI] | "
              "lowest seed, convolution | published PPO |", "|---|---|---:|---:|---:|---:|---:|"]
     for game in conv_10m_games():
-        mlp, conv = load("current_code", f"{game}__10000000.json"), load("conv", conv_10m_file(game))
+        mlp = load("current_code", f"{game}__10000000.json")
+        conv = load("conv", conv_10m_file(game))
         assert mlp["seeds"] == conv["seeds"] and conv["ppo_args"]["conv_channels"] == 8, game
         for column, (protocol, key) in enumerate((("gymnax's", "eval_returns"),
                                                   ("MinAtar's", "eval_returns_minatar"))):
@@ -870,6 +875,31 @@ def conv_10m_table() -> str:
 def conv_10m_commands() -> str:
     return "```bash\n" + "\n".join(load("conv", conv_10m_file(g))["command"]
                                     for g in conv_10m_games()) + "\n```"
+
+
+def conv_fresh_seeds_table() -> str:
+    """Breakout at 1M steps on 40 fresh harness seeds (3001-3040): the defaults and the
+    convolution, with the mean, the IQM, the lowest seed and the seeds at 40 or more."""
+    results = {"defaults": load("confirmation", "defaults_epoch_moments.json"),
+               "convolution": load("conv", "conv8_seeds3001-3040__Breakout__1000000.json")}
+    lines = ["| torso | protocol | mean [95% CI] | IQM [95% CI] | lowest, highest seed | "
+             "seeds at 40 or more |", "|---|---|---:|---:|---|---:|"]
+    for label, result in results.items():
+        assert result["seeds"] == list(range(3001, 3041)), label
+        for protocol, key in zip(("gymnax's", "MinAtar's"), PROTOCOLS):
+            summary, returns = stats.summarize(result[key]), result[key]
+            lines.append(f"| {label} | {protocol} | {ci(summary['mean'])} | {ci(summary['iqm'])} | "
+                         f"{min(returns):.1f}, {max(returns):.1f} | "
+                         f"{sum(r >= 40 for r in returns)} |")
+    mlp, conv = results.values()
+    for protocol, difference in zip(("gymnax's", "MinAtar's"), protocol_differences(mlp, conv)):
+        lines.append(f"| convolution − defaults, same seeds | {protocol} | {difference} | | | |")
+    return "\n".join(lines)
+
+
+def conv_fresh_seeds_commands() -> str:
+    result = load("conv", "conv8_seeds3001-3040__Breakout__1000000.json")
+    return "```bash\n" + result["command"] + "\n```"
 
 
 def third_screen_commands() -> str:
@@ -1114,6 +1144,8 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "cheap-conv-time": cheap_conv_time_table,
           "conv-games": conv_games_table, "conv-games-commands": conv_games_commands,
           "conv-10m": conv_10m_table, "conv-10m-commands": conv_10m_commands,
+          "conv-fresh-seeds": conv_fresh_seeds_table,
+          "conv-fresh-seeds-commands": conv_fresh_seeds_commands,
           "cheap-conv-time-commands": cheap_conv_time_commands,
           "conv-flag-check": conv_flag_check,
           "equal-time": equal_time_table, "equal-time-commands": equal_time_commands,
