@@ -73,7 +73,8 @@ def pinned(command: str, recorded: dict | None) -> str:
     for name, earlier in EARLIER_DEFAULTS.items():
         value = earlier if recorded is None else recorded.get(name, earlier)
         flag = "--" + name.replace("_", "-")
-        if value == getattr(ppo_breakout.Args, name) or flag in command or "--no-" + flag[2:] in command:
+        given = (flag, "--no-" + flag[2:], "--ppo." + flag[2:], "--ppo.no-" + flag[2:])
+        if value == getattr(ppo_breakout.Args, name) or any(g in command for g in given):
             continue
         flags.append(flag if value is True else f"--no-{flag[2:]}" if value is False else f"{flag} {value}")
     if not flags:

@@ -111,5 +111,9 @@ def test_commands_of_results_from_before_a_change_of_defaults_pin_the_earlier_va
     # A flag the command gives itself stays as it is; the script's flags go into --script-args.
     assert make_tables.pinned("python benchmarks/tune.py --ppo.layer-norm", {"layer_norm": True}) == (
         "python benchmarks/tune.py --ppo.layer-norm --ppo.sticky-action-prob 0.0")
+    given = "python benchmarks/tune.py --ppo.sticky-action-prob 0.05 --ppo.conv-channels 8"
+    assert make_tables.pinned(given, {**today, "sticky_action_prob": 0.05, "conv_channels": 8}) == given
+    assert make_tables.pinned("python benchmarks/tune.py", {**today, "conv_channels": 8}) == (
+        "python benchmarks/tune.py --ppo.conv-channels 8")
     assert make_tables.pinned("python benchmarks/results_table.py '--script-args=--seed 1'", None) == (
         "python benchmarks/results_table.py '--script-args=--no-layer-norm --sticky-action-prob 0.0 --seed 1'")
