@@ -98,9 +98,9 @@ class Args:
     layer_norm: bool = True
     """normalize each torso layer's pre-activations (LayerNorm, as PQN does): it keeps long runs
     from collapsing (docs/tuning.md)"""
-    conv_channels: int = 0
+    conv_channels: int = 8
     """channels of a 3x3 convolution over the grid before the torso, then 2x2 average pooling (0:
-    none; why it is off by default: docs/tuning.md)"""
+    none; an environment whose observations are not a grid gets none unless this is given)"""
     ratio: Literal["log", "direct"] = "log"
     """PPO's probability ratio: log, exp(log pi - log pi_old); direct, pi / pi_old as the paper
     writes it"""
@@ -689,10 +689,9 @@ def check_args(args: Args) -> str | None:
     env, env_params = gymnax.make(args.env_id)
     if not isinstance(env.action_space(env_params), spaces.Discrete):
         return f"--env-id {args.env_id} has continuous actions; this script handles discrete ones"
-    obs_shape = env.observation_space(env_params).shape
-    if args.conv_channels and (len(obs_shape) != 3 or min(obs_shape[:2]) < 2):
+    if args.conv_channels and not has_grid_observations(args.env_id):
         return (f"--conv-channels needs a grid of observations (height, width, channels); "
-                f"{args.env_id}'s are of shape {obs_shape}")
+                f"{args.env_id}'s are of shape {env.observation_space(env_params).shape}")
     training, evaluation = estimate_memory_bytes(args, env, env_params)
     available = cli.available_memory_bytes()
     if training > available:
@@ -723,7 +722,19 @@ def take_saved_args(args: Args, given: set[str]) -> str | None:
     for name, value in GAME_DEFAULTS.get(args.env_id, {}).items():
         if name not in given:
             setattr(args, name, value)
+    if "conv_channels" not in given and not has_grid_observations(args.env_id):
+        args.conv_channels = 0  # the default convolution needs a grid (CartPole's are a vector)
     return None
+
+
+def has_grid_observations(env_id: str) -> bool:
+    """Whether the environment's observations are a grid (height, width, channels) that the
+    convolution can read; an unknown id is left to check_args."""
+    if env_id not in gymnax.registered_envs:
+        return True
+    env, env_params = gymnax.make(env_id)
+    shape = env.observation_space(env_params).shape
+    return len(shape) == 3 and min(shape[:2]) >= 2
 
 
 def estimate_memory_bytes(args: Args, env, env_params) -> tuple[int, int]:

@@ -257,13 +257,14 @@ def test_a_killed_workers_trial_is_finished_by_another(server, cache_dir):
 
 def test_a_study_stored_before_a_field_existed_is_joined_with_its_value_then(tmp_path, capsys):
     args = search.Args(storage=str(tmp_path / "study.db"), fixed=FIXED)
+    args.ppo.conv_channels = 0  # the network of the days before the field existed
     storage = search.open_storage(args)
-    study = search.open_study(args, storage)  # made, with today's settings
+    study = search.open_study(args, storage)
     older = json.loads(json.dumps(study.user_attrs["search"]))
     del older["settings"]["ppo"]["conv_channels"]  # as a study made before the field existed
     study.set_user_attr("search", older)
     assert search.open_study(args, storage).user_attrs["search"] == older  # joined
-    args.ppo.conv_channels = 8  # but that study ran without a convolution
+    args.ppo.conv_channels = 8  # today's default: but that study ran without a convolution
     with pytest.raises(SystemExit):
         search.open_study(args, storage)
     assert "ppo.conv_channels: 0 there, 8 here" in capsys.readouterr().err

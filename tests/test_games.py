@@ -70,9 +70,10 @@ def test_each_game_trains_evaluates_and_is_drawn(env_id, tmp_path):
     with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
     assert summary["status"] == "completed" and summary["global_step"] == 512
+    grid = env_id.endswith("-MinAtar")  # the default convolution reads grids; CartPole's is a vector
+    assert summary["args"]["conv_channels"] == (8 if grid else 0)
     for protocol in (summary["eval"], summary["eval"]["sticky_0.1"]):
         assert np.isfinite(protocol["sampled"]["mean"]) and np.isfinite(protocol["greedy"]["mean"])
     assert summary["eval"]["sticky_0.1"]["sampled"]["safety_bound_episodes"] >= 0
-    grid = env_id.endswith("-MinAtar")  # the GIF draws grids; CartPole's observation is a vector
-    assert os.path.exists(os.path.join(run_dir, "play.gif")) == grid
+    assert os.path.exists(os.path.join(run_dir, "play.gif")) == grid  # the GIF draws grids too
     assert os.path.exists(os.path.join(run_dir, "behaviour.png"))
