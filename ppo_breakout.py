@@ -235,8 +235,8 @@ def grid_convolution(obs: jax.Array, channels: int) -> jax.Array:
 def actor_critic(obs: jax.Array, num_actions: int, hidden_sizes: tuple[int, ...], activation: str,
                  layer_norm: bool, conv_channels: int = 0, return_features: bool = False):
     """(action logits, state values) of a batch of observations, and the torso's features if
-    asked: one MLP torso on the flattened grid, shared by the policy and value heads (why:
-    docs/tuning.md), optionally after a convolution over the grid."""
+    asked: a convolution over the grid (if conv_channels), then one MLP torso, shared by the policy
+    and value heads (why: docs/tuning.md)."""
     # Orthogonal init (Engstrom et al. 2020): 0.01 on the policy head, so the first policy is near
     # uniform.
     act, gain = ACTIVATIONS[activation]
