@@ -86,6 +86,13 @@ def pinned(command: str, recorded: dict | None) -> str:
     return command + " " + " ".join(f.replace("--", "--ppo.", 1) for f in flags)
 
 
+def command_of(result: dict) -> str:
+    """A result's recorded command, with the defaults that changed since pinned to the run's values
+    (`pinned`)."""
+    recorded = result.get("ppo_args") or (result["rows"][0].get("args") if "rows" in result else None)
+    return pinned(result["command"], recorded)
+
+
 def evidence_file(flags: str) -> str:
     """gae_lambda_0.95.json for '--ppo.gae-lambda 0.95'."""
     return "_".join(part.removeprefix("--ppo.").replace("-", "_") for part in flags.split()) + ".json"
@@ -278,13 +285,13 @@ def asterix_epochs_10m_table() -> str:
 
 
 def asterix_epochs_10m_commands() -> str:
-    return "```bash\n" + "\n".join(load("current_code", f)["command"]
+    return "```bash\n" + "\n".join(command_of(load("current_code", f))
                                     for files in ASTERIX_EPOCHS_10M.values()
                                     for f in files) + "\n```"
 
 
 def games_10m_current_commands() -> str:
-    return "```bash\n" + "\n".join(load("current_code", f"{game}__10000000.json")["command"]
+    return "```bash\n" + "\n".join(command_of(load("current_code", f"{game}__10000000.json"))
                                     for game in CURRENT_10M) + "\n```"
 
 
@@ -680,7 +687,7 @@ def fourth_screen_table() -> str:
 def fourth_screen_commands() -> str:
     commands = []
     for (folder, base_file), rows in FOURTH_SCREEN.items():
-        commands.append(load(folder, base_file)["command"])
+        commands.append(command_of(load(folder, base_file)))
         for alt_folder, file, _ in rows:
             result = load(alt_folder, file)
             commands.append(" ".join(filter(None, [result.get("environment"), result["command"]])))
@@ -725,7 +732,7 @@ def equal_time_table() -> str:
 
 
 def equal_time_commands() -> str:
-    return "```bash\n" + "\n".join(load("current_code", f)["command"]
+    return "```bash\n" + "\n".join(command_of(load("current_code", f))
                                     for files in EQUAL_TIME.values() for f in files) + "\n```"
 
 
@@ -812,7 +819,7 @@ def cheap_conv_time_table() -> str:
 
 def cheap_conv_time_commands() -> str:
     files = [f for conv, mlps in CHEAP_CONV_TIME.values() for f in (conv, *mlps)]
-    return "```bash\n" + "\n".join(load(f)["command"] for f in files) + "\n```"
+    return "```bash\n" + "\n".join(command_of(load(f)) for f in files) + "\n```"
 
 
 def conv_games_table() -> str:
@@ -874,7 +881,7 @@ def conv_10m_table() -> str:
 
 
 def conv_10m_commands() -> str:
-    return "```bash\n" + "\n".join(load("conv", conv_10m_file(g))["command"]
+    return "```bash\n" + "\n".join(command_of(load("conv", conv_10m_file(g)))
                                     for g in conv_10m_games()) + "\n```"
 
 
@@ -900,23 +907,23 @@ def conv_fresh_seeds_table() -> str:
 
 def conv_fresh_seeds_commands() -> str:
     result = load("conv", "conv8_seeds3001-3040__Breakout__1000000.json")
-    return "```bash\n" + result["command"] + "\n```"
+    return "```bash\n" + command_of(result) + "\n```"
 
 
 def third_screen_commands() -> str:
     files = [f for base, rows in THIRD_SCREEN.items() for f in (base, *(r[0] for r in rows))]
-    return "```bash\n" + "\n".join(load("screen", f)["command"] for f in files) + "\n```"
+    return "```bash\n" + "\n".join(command_of(load("screen", f)) for f in files) + "\n```"
 
 
 def eight_seed_commands() -> str:
     files = sorted({f for setting in ("stickyln", *EIGHT_SEEDS)
                     for game, steps in (("Breakout", 1_000_000), ("Asterix", 5_000_000))
                     for f in eight_seed_files(setting, game, steps) if "seeds" in f})
-    return "```bash\n" + "\n".join(load("screen", f)["command"] for f in files) + "\n```"
+    return "```bash\n" + "\n".join(command_of(load("screen", f)) for f in files) + "\n```"
 
 
 def game_screen_commands(game: str, steps: int) -> str:
-    commands = [load("screen", f"{setting}__{game}__{steps}.json")["command"]
+    commands = [command_of(load("screen", f"{setting}__{game}__{steps}.json"))
                 for setting in LONG_SCREEN
                 if os.path.exists(os.path.join(ROOT, RESULTS, "screen",
                                                f"{setting}__{game}__{steps}.json"))]
