@@ -504,7 +504,7 @@ def long_runs_table() -> str:
 # "defaults" are the defaults before LayerNorm and sticky actions were adopted.
 SCREEN = ["defaults", "sticky", "layernorm", "stickyln"]
 SCREEN_NAMES = {"defaults": "earlier defaults", "sticky": "+ sticky actions", "layernorm": "+ LayerNorm",
-                "stickyln": "+ both (today's defaults)"}
+                "stickyln": "+ both (the MLP defaults)"}
 
 
 def games_screen_table(steps: int = 1_000_000) -> str:
@@ -721,7 +721,7 @@ def equal_time_table() -> str:
         conv, mlp = (load("current_code", f) for f in files)
         assert conv["seeds"] == mlp["seeds"] == [1, 2, 3, 4] and conv["ppo_args"]["conv_channels"]
         for result, torso in ((conv, "3x3 convolution, 8 channels, then the 64-64 MLP"),
-                              (mlp, "64-64 MLP (the defaults)")):
+                              (mlp, "64-64 MLP (the defaults then)")):
             steps = result["ppo_args"]["total_timesteps"]
             lines.append(f"| {game} | {torso} | {steps / 1e6:g}M | "
                          f"{result['timing']['train_seconds']:.0f} s | "
@@ -742,12 +742,12 @@ def torso_speed_table() -> str:
     runs = result["runs"]
     rounds = sorted({r["round"] for r in runs})
     sps = {(r["variant"], r["round"]): r["sps"] for r in runs}
-    labels = {"mlp": "the defaults (64-64 MLP)",
+    labels = {"mlp": "the defaults then (64-64 MLP)",
               "conv8_3_s2": "3x3 convolution, 8 channels, stride 2",
               "conv8_3_2": "3x3 convolution, 8 channels, stride 1, pooled"}
     lines = [f"Measured on {result['machine']}; `{result['command']}`, with the patch and "
              f"each row's environment, {len(rounds)} rounds; medians (range over the rounds).", "",
-             "| torso | training SPS | the defaults' SPS over its SPS, per round |",
+             "| torso | training SPS | the MLP's SPS over its SPS, per round |",
              "|---|---:|---:|"]
     for variant, label in labels.items():
         own = [sps[variant, k] for k in rounds]
@@ -758,27 +758,32 @@ def torso_speed_table() -> str:
 
 
 def conv_speed_table() -> str:
-    """Training speed of the convolution before and after its rewrite, alternating rounds."""
+    """Training speed and whole-process time of the MLP alone and of the convolution, before and
+    after its rewrite, alternating rounds."""
     result = load("conv", "conv_speed.json")
-    labels = {"mlp": "the defaults (64-64 MLP)",
+    labels = {"mlp": "64-64 MLP alone (the defaults before the convolution)",
               "conv_old": "convolution, `hk.Conv2D` and `hk.avg_pool` (387da56)",
-              "conv_new": "convolution, one matrix product per 2x2 block (8ddb867)"}
-    lines = [f"Measured on {result['machine']}; `{result['command']}`, with each row's commit and "
-             "flags (`--conv-channels 8` for the convolution); medians (range over the rounds).",
+              "conv_new": "convolution, one matrix product per 2x2 block (8ddb867; today's defaults)"}
+    lines = [f"Measured on {result['machine']}; `{result['command']}`, at each row's commit with "
+             "`--conv-channels 8` for the convolution (today, the MLP alone is `--conv-channels 0`); "
+             "medians (range over the rounds).",
              "",
-             "| game | torso | rounds | training SPS | the defaults' SPS over its SPS, per round |",
-             "|---|---|---:|---:|---:|"]
+             "| game | torso | rounds | training SPS | the MLP's SPS over its SPS, per round | "
+             "whole process, s |",
+             "|---|---|---:|---:|---:|---:|"]
     for game in dict.fromkeys(r["game"] for r in result["runs"]):
-        sps = {(r["variant"], r["round"]): r["sps"] for r in result["runs"] if r["game"] == game}
-        rounds = sorted({k for _, k in sps})
+        runs = {(r["variant"], r["round"]): r for r in result["runs"] if r["game"] == game}
+        rounds = sorted({k for _, k in runs})
         for variant, label in labels.items():
-            if (variant, rounds[0]) not in sps:
+            if (variant, rounds[0]) not in runs:
                 continue
-            own = [sps[variant, k] for k in rounds]
-            ratio = [sps["mlp", k] / sps[variant, k] for k in rounds]
+            own = [runs[variant, k]["sps"] for k in rounds]
+            ratio = [runs["mlp", k]["sps"] / runs[variant, k]["sps"] for k in rounds]
+            wall = [runs[variant, k]["wall_seconds"] for k in rounds]
             lines.append(f"| {game.removesuffix('-MinAtar')} | {label} | {len(rounds)} | "
                          f"{np.median(own):,.0f} ({min(own):,.0f}-{max(own):,.0f}) | "
-                         f"{np.median(ratio):.1f} ({min(ratio):.1f}-{max(ratio):.1f}) |")
+                         f"{np.median(ratio):.1f} ({min(ratio):.1f}-{max(ratio):.1f}) | "
+                         f"{np.median(wall):.1f} ({min(wall):.1f}-{max(wall):.1f}) |")
     return "\n".join(lines)
 
 
@@ -823,14 +828,16 @@ def cheap_conv_time_commands() -> str:
 
 
 def conv_games_table() -> str:
-    """The five games at 1M steps, seeds 1-5 of the script: the defaults (the README's runs) and
-    the convolution, each seed's mean return under both protocols, with paired differences."""
+    """The five games at 1M steps, seeds 1-5 of the script: the MLP alone (the README's runs before
+    the convolution became the default) and the convolution, each seed's mean return under both
+    protocols, with paired differences."""
     from benchmarks import aggregate
-    lines = ["| game | protocol | defaults | convolution | convolution − defaults [95% CI] | "
+    lines = ["| game | protocol | MLP alone | convolution | convolution − MLP [95% CI] | "
              "published PPO, 10M steps |", "|---|---|---:|---:|---:|---:|"]
     for game in aggregate.GAMES:
-        mlp, conv = load("games", f"readme_{game}_1M.json"), load("conv", f"script_{game}_1M.json")
+        mlp, conv = load("conv", f"mlp_script_{game}_1M.json"), load("conv", f"script_{game}_1M.json")
         assert [r["seed"] for r in mlp["rows"]] == [r["seed"] for r in conv["rows"]]
+        assert not any(r["args"].get("conv_channels") for r in mlp["rows"])
         assert all(r["args"]["conv_channels"] == 8 for r in conv["rows"])
         protocols = (("gymnax's", lambda e: e["sampled"]),
                      ("MinAtar's", lambda e: e["sticky_0.1"]["sampled"]))
@@ -845,7 +852,8 @@ def conv_games_table() -> str:
 
 def conv_games_commands() -> str:
     from benchmarks import aggregate
-    results = [load("conv", f"script_{game}_1M.json") for game in aggregate.GAMES]
+    results = [load("conv", f"{torso}script_{game}_1M.json")
+               for torso in ("mlp_", "") for game in aggregate.GAMES]
     commands = [pinned(r["command"], r["rows"][0]["args"]) for r in results]
     return "\n".join(["```bash", *commands, "```"])
 
@@ -863,9 +871,9 @@ def conv_10m_games() -> list[str]:
 
 
 def conv_10m_table() -> str:
-    """The convolution at 10M steps against the defaults' current_code runs on the same seeds."""
+    """The convolution at 10M steps against the MLP defaults' current_code runs on the same seeds."""
     from benchmarks import aggregate
-    lines = ["| game | protocol | defaults | convolution | convolution − defaults [95% CI] | "
+    lines = ["| game | protocol | MLP alone | convolution | convolution − MLP [95% CI] | "
              "lowest seed, convolution | published PPO |", "|---|---|---:|---:|---:|---:|---:|"]
     for game in conv_10m_games():
         mlp = load("current_code", f"{game}__10000000.json")
@@ -886,9 +894,9 @@ def conv_10m_commands() -> str:
 
 
 def conv_fresh_seeds_table() -> str:
-    """Breakout at 1M steps on 40 fresh harness seeds (3001-3040): the defaults and the
+    """Breakout at 1M steps on 40 fresh harness seeds (3001-3040): the MLP alone and the
     convolution, with the mean, the IQM, the lowest seed and the seeds at 40 or more."""
-    results = {"defaults": load("confirmation", "defaults_epoch_moments.json"),
+    results = {"MLP alone": load("confirmation", "defaults_epoch_moments.json"),
                "convolution": load("conv", "conv8_seeds3001-3040__Breakout__1000000.json")}
     lines = ["| torso | protocol | mean [95% CI] | IQM [95% CI] | lowest, highest seed | "
              "seeds at 40 or more |", "|---|---|---:|---:|---|---:|"]
@@ -901,7 +909,7 @@ def conv_fresh_seeds_table() -> str:
                          f"{sum(r >= 40 for r in returns)} |")
     mlp, conv = results.values()
     for protocol, difference in zip(("gymnax's", "MinAtar's"), protocol_differences(mlp, conv)):
-        lines.append(f"| convolution − defaults, same seeds | {protocol} | {difference} | | | |")
+        lines.append(f"| convolution − MLP, same seeds | {protocol} | {difference} | | | |")
     return "\n".join(lines)
 
 
@@ -953,27 +961,31 @@ def breakout_10m_table() -> str:
     return "\n".join(lines)
 
 
-# The defaults' 10M runs: the game's row of ppo_breakout.GAME_DEFAULTS, where it has one, is in the command.
-DEFAULTS_10M = {"Asterix": "epochs2__Asterix__10000000.json"}
+# The 10M runs of the MLP defaults (before the convolution), in results/screen: the game's row of
+# ppo_breakout.GAME_DEFAULTS, where it has one, is in the command.
+MLP_10M = {"Asterix": "epochs2__Asterix__10000000.json"}
+
+
+def mlp_10m_file(game: str) -> str:
+    return "screen/" + MLP_10M.get(game, f"stickyln__{game}__10000000.json")
 
 
 def defaults_10m_file(game: str) -> str:
-    return DEFAULTS_10M.get(game, f"stickyln__{game}__10000000.json")
+    """Today's defaults at 10M steps: the convolution's run (conv_10m_file), in results/conv."""
+    return "conv/" + conv_10m_file(game)
 
 
-def games_10m_table() -> str:
-    """Today's defaults at 10M steps, per game measured (harness seeds): each seed's return under both
+def games_10m_table(file_of=defaults_10m_file) -> str:
+    """A setting at 10M steps, per game measured (harness seeds): each seed's return under both
     protocols, the mean with its interval, the published PPO number beside it."""
     from benchmarks import aggregate
     lines = ["| game | seeds | gymnax's protocol, per seed | mean [95% CI] | published | "
              "MinAtar's protocol, per seed | mean [95% CI] | published |",
              "|---|---:|---|---:|---:|---|---:|---:|"]
     for game in aggregate.GAMES:
-        path = os.path.join(ROOT, RESULTS, "screen", defaults_10m_file(game))
-        if not os.path.exists(path):
+        if not os.path.exists(os.path.join(ROOT, RESULTS, file_of(game))):
             continue
-        with open(path) as f:
-            result = json.load(f)
+        result = load(*file_of(game).split("/"))
         cells = [game, str(len(result["seeds"]))]
         for column, key in enumerate(("eval_returns", "eval_returns_minatar")):
             returns = np.array(result[key])
@@ -984,14 +996,10 @@ def games_10m_table() -> str:
     return "\n".join(lines)
 
 
-def games_10m_commands() -> str:
+def games_10m_commands(file_of=defaults_10m_file) -> str:
     from benchmarks import aggregate
-    commands = []
-    for game in aggregate.GAMES:
-        path = os.path.join(ROOT, RESULTS, "screen", defaults_10m_file(game))
-        if os.path.exists(path):
-            result = load("screen", os.path.basename(path))
-            commands.append(pinned(result["command"], result["ppo_args"]))
+    commands = [command_of(load(*file_of(game).split("/"))) for game in aggregate.GAMES
+                if os.path.exists(os.path.join(ROOT, RESULTS, file_of(game)))]
     return "\n".join(["```bash", *commands, "```"])
 
 
@@ -1050,48 +1058,53 @@ def long_runs_figure() -> None:
     plt.close(fig)
 
 
-BREAKOUT_BUDGETS = (10_000_000, 20_000_000)  # today's defaults on Breakout, harness seeds
+# Breakout by training length, harness seeds: today's defaults (the convolution), and the MLP's.
+BREAKOUT_BUDGETS = {
+    "conv": {1_000_000: "conv/conv8_seeds1-8__Breakout__1000000.json",
+             10_000_000: "conv/conv8__Breakout__10000000.json",
+             20_000_000: "conv/conv8__Breakout__20000000.json"},
+    "mlp": {steps: f"screen/stickyln__Breakout__{steps}.json"
+            for steps in (1_000_000, 10_000_000, 20_000_000)}}
+BUDGETS_FIGURE = {"conv": "breakout_20m.png", "mlp": "breakout_20m_mlp.png"}
 
 
-def breakout_budgets_figure() -> None:
-    """docs/figures/ppo_breakout/breakout_20m.png: the training return of each seed of today's
-    defaults on Breakout at 10M and at 20M steps (its annealed learning rate reaches 0 at the end
-    of each run), with the pooled curve."""
-    runs = [(steps, os.path.join(ROOT, RESULTS, "screen", f"stickyln__Breakout__{steps}.json"))
-            for steps in BREAKOUT_BUDGETS]
-    runs = [(steps, path) for steps, path in runs if os.path.exists(path)]
-    if len(runs) < len(BREAKOUT_BUDGETS):
+def breakout_budgets_figure(setting: str) -> None:
+    """docs/figures/ppo_breakout/BUDGETS_FIGURE[setting]: the training return of each seed on Breakout
+    at 10M and at 20M steps (its annealed learning rate reaches 0 at the end of each run), with the
+    pooled curve."""
+    paths = [(steps, os.path.join(ROOT, RESULTS, file))
+             for steps, file in BREAKOUT_BUDGETS[setting].items() if steps > 1_000_000]
+    if not all(os.path.exists(path) for _, path in paths):
         return
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    for color, (steps, path) in zip(("C0", "C1"), runs):
+    for color, (steps, path) in zip(("C0", "C1"), paths):
         with open(path) as f:
             result = json.load(f)
         x = np.array(result["curve"]["steps"]) / 1e6
         per_seed = np.array(result["curve"]["return_sums"]) / np.maximum(result["curve"]["episodes"], 1)
-        for i, returns in enumerate(per_seed):
+        for returns in per_seed:
             ax.plot(x, returns, color=color, lw=0.6, alpha=0.5)
         ax.plot(x, result["pooled_curve"]["return"], color=color, lw=2,
                 label=f"{steps // 1_000_000}M steps, {len(per_seed)} seeds (thin: each seed)")
+    torso = {"conv": "today's defaults", "mlp": "the MLP defaults (no convolution)"}[setting]
     ax.set(xlabel="environment steps (millions)", ylabel="training return (sticky actions 0.1)",
-           title="Breakout, today's defaults: trained for 10M and for 20M steps")
+           title=f"Breakout, {torso}: trained for 10M and for 20M steps")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(os.path.join(ROOT, SCRIPT_FIGURES, "breakout_20m.png"), dpi=80)
+    fig.savefig(os.path.join(ROOT, SCRIPT_FIGURES, BUDGETS_FIGURE[setting]), dpi=80)
     plt.close(fig)
 
 
-def breakout_budgets_table() -> str:
-    """Today's defaults on Breakout by training length: the evaluation of each seed's final policy."""
+def breakout_budgets_table(setting: str) -> str:
+    """Breakout by training length: the evaluation of each seed's final policy."""
     lines = ["| steps | seeds | gymnax's protocol, per seed | mean [95% CI] | MinAtar's protocol, "
              "per seed | mean [95% CI] | largest logit gap, per seed |",
              "|---:|---:|---|---:|---|---:|---|"]
-    for steps in (1_000_000, *BREAKOUT_BUDGETS):
-        path = os.path.join(ROOT, RESULTS, "screen", f"stickyln__Breakout__{steps}.json")
-        if not os.path.exists(path):
+    for steps, file in BREAKOUT_BUDGETS[setting].items():
+        if not os.path.exists(os.path.join(ROOT, RESULTS, file)):
             continue
-        with open(path) as f:
-            result = json.load(f)
+        result = load(*file.split("/"))
         cells = [f"{steps // 1_000_000}M", str(len(result["seeds"]))]
         for key in ("eval_returns", "eval_returns_minatar"):
             returns = np.array(result[key])
@@ -1101,6 +1114,12 @@ def breakout_budgets_table() -> str:
         cells.append(", ".join(f"{g:.0f}" for g in gaps) if gaps else "")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def breakout_budgets_commands(setting: str) -> str:
+    commands = [command_of(load(*file.split("/"))) for file in BREAKOUT_BUDGETS[setting].values()
+                if os.path.exists(os.path.join(ROOT, RESULTS, file))]
+    return "\n".join(["```bash", *commands, "```"])
 
 
 def ratio_figure() -> None:
@@ -1143,7 +1162,12 @@ TABLES = {"evidence": evidence_table, "search": search_table, "search-space": se
           "defaults-speed": lambda: script_speed_table("script_speed_defaults.json"),
           "screen-commands": screen_commands, "games-10m": games_10m_table,
           "games-10m-commands": games_10m_commands, "readme-games": readme_games_table,
-          "readme-games-commands": readme_games_commands, "device-speed": device_speed_table, "breakout-budgets": breakout_budgets_table, "fresh-seeds": fresh_seeds_table, "code-change": code_change_table,
+          "readme-games-commands": readme_games_commands, "device-speed": device_speed_table, "breakout-budgets": lambda: breakout_budgets_table("conv"),
+          "breakout-budgets-commands": lambda: breakout_budgets_commands("conv"),
+          "breakout-budgets-mlp": lambda: breakout_budgets_table("mlp"),
+          "breakout-budgets-mlp-commands": lambda: breakout_budgets_commands("mlp"),
+          "games-10m-mlp": lambda: games_10m_table(mlp_10m_file),
+          "games-10m-mlp-commands": lambda: games_10m_commands(mlp_10m_file), "fresh-seeds": fresh_seeds_table, "code-change": code_change_table,
           "games-10m-current": games_10m_current_table,
           "asterix-epochs-10m": asterix_epochs_10m_table,
           "fourth-screen": fourth_screen_table, "fourth-screen-commands": fourth_screen_commands,
@@ -1268,7 +1292,8 @@ def main() -> None:
     search_figure()
     confirmation_figure()
     long_runs_figure()
-    breakout_budgets_figure()
+    breakout_budgets_figure("conv")
+    breakout_budgets_figure("mlp")
     ratio_figure()
 
 

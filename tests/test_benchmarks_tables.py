@@ -102,18 +102,20 @@ def test_script_speed_refuses_bad_input_with_one_line_before_running_anything(
 def test_commands_of_results_from_before_a_change_of_defaults_pin_the_earlier_values():
     old = {"layer_norm": False, "sticky_action_prob": 0.0}
     assert make_tables.pinned("python benchmarks/tune.py --out a.json", old) == (
-        "python benchmarks/tune.py --out a.json --ppo.no-layer-norm --ppo.sticky-action-prob 0.0")
+        "python benchmarks/tune.py --out a.json --ppo.no-layer-norm --ppo.sticky-action-prob 0.0"
+        " --ppo.conv-channels 0")  # a run from before the convolution records no conv_channels
     assert make_tables.pinned("python benchmarks/tune.py --out a.json", None).endswith(
-        "--ppo.no-layer-norm --ppo.sticky-action-prob 0.0")  # older files do not record the fields
-    today = {"layer_norm": True, "sticky_action_prob": 0.1}
+        "--ppo.no-layer-norm --ppo.sticky-action-prob 0.0 --ppo.conv-channels 0")  # older files record none
+    today = {"layer_norm": True, "sticky_action_prob": 0.1, "conv_channels": 8}
     assert make_tables.pinned("python benchmarks/tune.py --out b.json", today) == (
         "python benchmarks/tune.py --out b.json")
     # A flag the command gives itself stays as it is; the script's flags go into --script-args.
     assert make_tables.pinned("python benchmarks/tune.py --ppo.layer-norm", {"layer_norm": True}) == (
-        "python benchmarks/tune.py --ppo.layer-norm --ppo.sticky-action-prob 0.0")
-    given = "python benchmarks/tune.py --ppo.sticky-action-prob 0.05 --ppo.conv-channels 8"
-    assert make_tables.pinned(given, {**today, "sticky_action_prob": 0.05, "conv_channels": 8}) == given
-    assert make_tables.pinned("python benchmarks/tune.py", {**today, "conv_channels": 8}) == (
-        "python benchmarks/tune.py --ppo.conv-channels 8")
+        "python benchmarks/tune.py --ppo.layer-norm --ppo.sticky-action-prob 0.0 --ppo.conv-channels 0")
+    given = "python benchmarks/tune.py --ppo.sticky-action-prob 0.05 --ppo.conv-channels 0"
+    assert make_tables.pinned(given, {**today, "sticky_action_prob": 0.05, "conv_channels": 0}) == given
+    assert make_tables.pinned("python benchmarks/tune.py", {**today, "conv_channels": 0}) == (
+        "python benchmarks/tune.py --ppo.conv-channels 0")
     assert make_tables.pinned("python benchmarks/results_table.py '--script-args=--seed 1'", None) == (
-        "python benchmarks/results_table.py '--script-args=--no-layer-norm --sticky-action-prob 0.0 --seed 1'")
+        "python benchmarks/results_table.py '--script-args=--no-layer-norm --sticky-action-prob 0.0"
+        " --conv-channels 0 --seed 1'")
