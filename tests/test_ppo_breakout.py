@@ -675,9 +675,9 @@ def random_policy_return(env_id: str, episodes: int = 256) -> float:
 def test_short_breakout_run_learns_what_correct_code_reaches(tmp_path):
     # At 250k steps the correct code's sampled return was 13.0-16.7 over seeds 1-7, and a rollout that
     # stores v(next observation) scored 4.3-5.8 (docs/ppo_breakout.md, "Tests"): the bar sits between.
-    # The bar was measured without LayerNorm and sticky actions: the test pins those flags.
+    # The bar was measured without LayerNorm, sticky actions and the convolution: the test pins those flags.
     result = run_in_process(tmp_path, "--total-timesteps", "250000", "--eval-episodes", "64", "--no-save-model",
-                            "--no-layer-norm", "--sticky-action-prob", "0")
+                            "--no-layer-norm", "--sticky-action-prob", "0", "--conv-channels", "0")
     assert result.returncode == 0, result.stderr
     summary = json.load(open(glob.glob(str(tmp_path / "runs" / "*" / "summary.json"))[0]))
     random_return = random_policy_return("Breakout-MinAtar")
@@ -844,7 +844,7 @@ def test_a_run_with_a_convolution_trains_and_saves_it(tmp_path):
 
 
 def test_a_model_file_from_before_the_convolution_evaluates_without_one(tmp_path):
-    args = tyro.cli(ppo.Args, args=["--hidden-sizes", "16"])
+    args = tyro.cli(ppo.Args, args=["--hidden-sizes", "16", "--conv-channels", "0"])
     older = str(tmp_path / "older.safetensors")
     header = {k: v for k, v in network_args(args).items() if k != "conv_channels"}
     checkpoint.save_model(older, tiny_network_params(args), header, {})
@@ -870,7 +870,8 @@ def test_plot_curves_overlays_runs_and_never_overwrites(tiny_run, tmp_path):
 
 
 def test_saved_model_round_trips_with_the_network_arguments_in_its_header(tmp_path):
-    args = tyro.cli(ppo.Args, args=["--hidden-sizes", "8", "4", "--activation", "relu"])
+    args = tyro.cli(ppo.Args, args=["--hidden-sizes", "8", "4", "--activation", "relu",
+                                    "--conv-channels", "0"])
     params = tiny_network_params(args)
     path = str(tmp_path / "model.safetensors")
     checkpoint.save_model(path, params, network_args(args), {"global_step": "123"})
@@ -882,8 +883,9 @@ def test_saved_model_round_trips_with_the_network_arguments_in_its_header(tmp_pa
                            (["--hidden-sizes", "8", "4"], "--activation relu, not crelu"),
                            (["--hidden-sizes", "8", "4", "--activation", "relu",
                              "--env-id", "Asterix-MinAtar"], "--env-id Breakout-MinAtar, not Asterix-MinAtar")]:
+        other = network_args(tyro.cli(ppo.Args, args=[*flags, "--conv-channels", "0"]))
         with pytest.raises(ValueError, match=message):
-            checkpoint.load_model(path, network_args(tyro.cli(ppo.Args, args=flags)), params)
+            checkpoint.load_model(path, other, params)
     # With a convolution, and without: the header says which.
     conv = tyro.cli(ppo.Args, args=["--hidden-sizes", "8", "4", "--activation", "relu", "--conv-channels", "2"])
     conv_path = str(tmp_path / "conv.safetensors")
