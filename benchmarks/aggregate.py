@@ -89,13 +89,13 @@ def compare(baseline: list[np.ndarray], candidate: list[np.ndarray]) -> dict:
     def difference(*samples, axis=-1):
         half = len(samples) // 2
         return iqm_of_games(*samples[half:], axis=axis) - iqm_of_games(*samples[:half], axis=axis)
-    # Pairing within a game: resample one index set per game for both settings.
+    # Pairing within a game: resample one index set per game for both settings, drawn resample by
+    # resample, game by game; the differences of all resamples are then computed at once.
     rng = np.random.default_rng(0)
-    draws = np.empty(stats.N_RESAMPLES)
-    for r in range(stats.N_RESAMPLES):
-        picks = [rng.integers(0, len(b), len(b)) for b in baseline]
-        draws[r] = difference(*[b[p] for b, p in zip(baseline, picks)],
-                              *[c[p] for c, p in zip(candidate, picks)])
+    picks = [[rng.integers(0, len(b), len(b)) for b in baseline] for _ in range(stats.N_RESAMPLES)]
+    picks = [np.stack(game) for game in zip(*picks)]  # per game: (resamples, seeds)
+    draws = difference(*[b[p] for b, p in zip(baseline, picks)],
+                       *[c[p] for c, p in zip(candidate, picks)])
     return {"value": float(difference(*baseline, *candidate)),
             "ci": np.percentile(draws, [2.5, 97.5]).tolist()}
 
