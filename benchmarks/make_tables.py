@@ -1016,15 +1016,16 @@ def readme_games_table() -> str:
     """The README's table: per game, seeds 1-5 of the script at 1M steps under both protocols (sampled
     actions), the mean and the lowest seed, beside the published PPO numbers at 10M steps."""
     from benchmarks import aggregate
-    lines = ["| game | gymnax's protocol: mean (lowest seed) | published PPO, 10M steps | "
-             "MinAtar's protocol: mean (lowest seed) | published PPO, 10M steps |",
+    lines = ["| game | gymnax's protocol: mean [95% CI] (lowest seed) | published PPO, 10M steps | "
+             "MinAtar's protocol: mean [95% CI] (lowest seed) | published PPO, 10M steps |",
              "|---|---:|---:|---:|---:|"]
     for game in aggregate.GAMES:
         rows = load("games", f"readme_{game}_1M.json")["rows"]
         cells = [game]
         for column, pick in enumerate((lambda e: e["sampled"], lambda e: e["sticky_0.1"]["sampled"])):
             returns = np.array([pick(row["eval"])["mean"] for row in rows])
-            cells += [f"{returns.mean():.1f} ({returns.min():.1f})", f"{aggregate.PUBLISHED[game][column]:g}"]
+            interval = ci({"value": returns.mean(), "ci": stats.bootstrap_ci(returns, stats.mean)})
+            cells += [f"{interval} ({returns.min():.1f})", f"{aggregate.PUBLISHED[game][column]:g}"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
