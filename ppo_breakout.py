@@ -689,9 +689,10 @@ def check_args(args: Args) -> str | None:
     env, env_params = gymnax.make(args.env_id)
     if not isinstance(env.action_space(env_params), spaces.Discrete):
         return f"--env-id {args.env_id} has continuous actions; this script handles discrete ones"
-    if args.conv_channels and not has_grid_observations(args.env_id):
+    obs_shape = env.observation_space(env_params).shape
+    if args.conv_channels and not is_grid(obs_shape):
         return (f"--conv-channels needs a grid of observations (height, width, channels); "
-                f"{args.env_id}'s are of shape {env.observation_space(env_params).shape}")
+                f"{args.env_id}'s are of shape {obs_shape}")
     training, evaluation = estimate_memory_bytes(args, env, env_params)
     available = cli.available_memory_bytes()
     if training > available:
@@ -722,19 +723,16 @@ def take_saved_args(args: Args, given: set[str]) -> str | None:
     for name, value in GAME_DEFAULTS.get(args.env_id, {}).items():
         if name not in given:
             setattr(args, name, value)
-    if "conv_channels" not in given and not has_grid_observations(args.env_id):
-        args.conv_channels = 0  # the default convolution needs a grid (CartPole's are a vector)
+    if "conv_channels" not in given and args.env_id in gymnax.registered_envs:  # else: check_args
+        env, env_params = gymnax.make(args.env_id)
+        if not is_grid(env.observation_space(env_params).shape):
+            args.conv_channels = 0  # the default convolution needs a grid (CartPole's is a vector)
     return None
 
 
-def has_grid_observations(env_id: str) -> bool:
-    """Whether the environment's observations are a grid (height, width, channels) that the
-    convolution can read; an unknown id is left to check_args."""
-    if env_id not in gymnax.registered_envs:
-        return True
-    env, env_params = gymnax.make(env_id)
-    shape = env.observation_space(env_params).shape
-    return len(shape) == 3 and min(shape[:2]) >= 2
+def is_grid(obs_shape: tuple[int, ...]) -> bool:
+    """Whether observations of this shape are a grid (height, width, channels) the convolution reads."""
+    return len(obs_shape) == 3 and min(obs_shape[:2]) >= 2
 
 
 def estimate_memory_bytes(args: Args, env, env_params) -> tuple[int, int]:

@@ -854,7 +854,7 @@ def conv_games_commands() -> str:
     from benchmarks import aggregate
     results = [load("conv", f"{torso}script_{game}_1M.json")
                for torso in ("mlp_", "") for game in aggregate.GAMES]
-    commands = [pinned(r["command"], r["rows"][0]["args"]) for r in results]
+    commands = [command_of(r) for r in results]
     return "\n".join(["```bash", *commands, "```"])
 
 
@@ -1033,7 +1033,7 @@ def readme_games_table() -> str:
 def readme_games_commands() -> str:
     from benchmarks import aggregate
     results = [load("games", f"readme_{game}_1M.json") for game in aggregate.GAMES]
-    commands = [pinned(r["command"], r["rows"][0].get("args")) for r in results]
+    commands = [command_of(r) for r in results]
     return "\n".join(["```bash", *commands, "```"])
 
 
