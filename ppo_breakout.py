@@ -731,7 +731,7 @@ def take_saved_args(args: Args, given: set[str]) -> str | None:
 
 
 def is_grid(obs_shape: tuple[int, ...]) -> bool:
-    """Whether observations of this shape are a grid (height, width, channels) the convolution reads."""
+    """Whether observations of this shape are a grid (height, width, channels) for the convolution."""
     return len(obs_shape) == 3 and min(obs_shape[:2]) >= 2
 
 
