@@ -6,51 +6,40 @@ GAE, and `update_epochs` x `num_minibatches` gradient steps on the clipped surro
 formed from log-probabilities (see loss_stability.py). The Python loop around it only logs; at the
 end the final policy is evaluated, drawn and saved.
 
-Read it top to bottom: arguments, environment, network, rollout, GAE, loss, update, metrics. Then
-come the machinery a learner may skip: the devices, the checks of the arguments, the training
-loop's logging, checkpoints and main's phases.
+Read it top to bottom: arguments, network, rollout, GAE, loss, update, metrics, then `main` with
+the training loop. The data-parallel wiring and the checks of the arguments sit in marked sections
+before `main`; what every script shares (the environment wrapper, checkpoints, logging, model
+files, evaluation and pictures) is in utils/.
 
 Run:  python ppo_breakout.py --total-timesteps 1000000
 Docs: docs/ppo_breakout.md
 """
 
-import contextlib
 import dataclasses
 import functools
-import gc
-import json
 import math
-import os
-import re
 import sys
 import time
 from typing import Any, Literal, NamedTuple
 
-# Start-up, as a script only (a process importing this file keeps its own settings):
-# - JAX's CPU backend gets one device per core and at least two, for the data-parallel update; it
-#   must be set before JAX starts, and importing gymnax starts it;
-# - the garbage collector is off while the imports load, and their ~650k objects are then frozen
-#   out of its later passes (the __main__ block at the end; docs/ppo_breakout.md: Speed).
-if __name__ == "__main__":
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(max(cores or 1, 2)))
-    gc.disable()
+if __name__ == "__main__":  # before JAX starts: its CPU devices, and a faster start-up
+    from utils import startup
 
-import gymnax
-import haiku as hk
-import jax
-import jax.flatten_util
-import jax.numpy as jnp
-import numpy as np
-import optax
-import rlax
-from flax import struct
-from gymnax.environments import spaces
-from gymnax.wrappers.purerl import GymnaxWrapper
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
+    startup.before_imports()
 
-from utils import checkpoint, cli, diagnostics, evaluation, visualize
+import haiku as hk  # noqa: E402
+import jax  # noqa: E402
+import jax.flatten_util  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+import rlax  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from utils import checkpoint, cli, diagnostics, evaluation, layers, model, startup  # noqa: E402
+from utils import training, visualize  # noqa: E402
+from utils.env import default_conv_channels, make_env  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -143,50 +132,8 @@ class Args:
 # rl-zoo3 keeps hyperparameters per environment); a flag on the command line wins over its row.
 # Evidence: docs/tuning.md, "Cheap changes, and a replication".
 GAME_DEFAULTS = {
-    # 2 epochs on Asterix: +3.2 [+0.1, +6.8] at 5M steps (8 seeds), +4.3 [-0.4, +9.6] at 10M (10
-    # seeds). On Breakout at 1M they cost 2.4 [0.0, 4.8] (8 seeds): 4 stay the default.
-    "Asterix-MinAtar": {"update_epochs": 2},
+    "Asterix-MinAtar": {"update_epochs": 2},  # better on Asterix, worse on Breakout
 }
-
-
-# --------------------------------------------------------------------------------------------------
-# Environment: gymnax, with MinAtar's sticky actions
-# --------------------------------------------------------------------------------------------------
-@struct.dataclass
-class StickyParams:
-    env_params: Any
-    sticky_action_prob: float | jax.Array
-
-
-@struct.dataclass
-class StickyState:
-    env_state: Any
-    last_action: jax.Array  # the action the environment executed last
-
-
-class StickyActions(GymnaxWrapper):
-    """MinAtar's sticky actions (Young & Tian 2019): with probability `sticky_action_prob` the game
-    repeats the action it executed last, carried over into the next episode as in MinAtar. The
-    probability is traced (one compiled evaluation serves both protocols) and the draw has its own
-    key, so at probability 0 the game sees exactly the keys it sees unwrapped."""
-
-    def reset(self, key: jax.Array, params: StickyParams):
-        obs, env_state = self._env.reset(key, params.env_params)
-        return obs, StickyState(env_state=env_state, last_action=jnp.zeros((), jnp.int32))
-
-    def step(self, key: jax.Array, state: StickyState, action: jax.Array, params: StickyParams):
-        if not (isinstance(params.sticky_action_prob, float) and params.sticky_action_prob == 0.0):
-            repeat = jax.random.bernoulli(jax.random.fold_in(key, 1), params.sticky_action_prob)
-            action = jnp.where(repeat, state.last_action, action)
-        obs, env_state, reward, terminated, truncated, info = self._env.step(
-            key, state.env_state, action, params.env_params)
-        state = StickyState(env_state=env_state, last_action=action)
-        return obs, state, reward, terminated, truncated, info
-
-
-def make_env(env_id: str, sticky_action_prob: float) -> tuple[StickyActions, StickyParams]:
-    env, env_params = gymnax.make(env_id)
-    return StickyActions(env), StickyParams(env_params, sticky_action_prob)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -203,35 +150,6 @@ def crelu(x: jax.Array) -> jax.Array:
 ACTIVATIONS = {"crelu": (crelu, 1.0), "relu": (jax.nn.relu, np.sqrt(2))}
 
 
-def grid_convolution(obs: jax.Array, channels: int) -> jax.Array:
-    """The same 3x3 filters at every cell of the grid (PQN and pgx put a convolution over MinAtar's
-    grid: docs/tuning.md), ReLU, then the mean of each 2x2 block: (N, H, W, C) -> (N, H // 2,
-    W // 2, channels).
-
-    The numbers of hk.Conv2D (zero padding) and hk.avg_pool, with the same parameters, computed as
-    one matrix product per 2x2 block: its 4x4 window of the padded grid times the filters placed at
-    the block's four cells. XLA's CPU convolution is slow at this size: this trains about 5x faster
-    (docs/tuning.md).
-    """
-    n, height, width, c = obs.shape
-    rows, cols = height // 2, width // 2
-    with hk.name_scope("conv"):
-        w = hk.get_parameter("w", (3, 3, c, channels), init=hk.initializers.Orthogonal(np.sqrt(2)))
-        b = hk.get_parameter("b", (channels,), init=jnp.zeros)
-    # The filters at the block's cells (u, v) in its 4x4 window: (4 * 4 * c, 2 * 2 * channels).
-    w4 = jnp.stack([jnp.pad(w, ((u, 1 - u), (v, 1 - v), (0, 0), (0, 0)))
-                    for u in (0, 1) for v in (0, 1)], axis=-2).reshape(16 * c, 4 * channels)
-    # Each block's window: rows 2i..2i+3 and columns 2j..2j+3 of the padded grid. Cut by hand:
-    # lax.conv_general_dilated_patches is a convolution too, and its gradient is 2x slower here.
-    padded = jnp.pad(obs, ((0, 0), (1, 1), (1, 1), (0, 0)))[:, :2 * rows + 2, :2 * cols + 2]
-    pairs = padded.reshape(n, rows + 1, 2, cols + 1, 2, c)
-    pairs = jnp.concatenate([pairs[:, :-1], pairs[:, 1:]], axis=2)  # (n, rows, 4, cols + 1, 2, c)
-    windows = jnp.concatenate([pairs[:, :, :, :-1], pairs[:, :, :, 1:]], axis=4)
-    windows = windows.transpose(0, 1, 3, 2, 4, 5).reshape(n, rows, cols, 16 * c)
-    cells = jax.nn.relu(windows @ w4 + jnp.tile(b, 4))
-    return cells.reshape(n, rows, cols, 4, channels).mean(axis=3)
-
-
 def actor_critic(obs: jax.Array, num_actions: int, hidden_sizes: tuple[int, ...], activation: str,
                  layer_norm: bool, conv_channels: int = 0, return_features: bool = False):
     """(action logits, state values) of a batch of observations, and the torso's features if
@@ -240,7 +158,9 @@ def actor_critic(obs: jax.Array, num_actions: int, hidden_sizes: tuple[int, ...]
     # Orthogonal init (Engstrom et al. 2020): 0.01 on the policy head, so the first policy is near
     # uniform.
     act, gain = ACTIVATIONS[activation]
-    x = grid_convolution(obs, conv_channels) if conv_channels else obs
+    x = obs
+    if conv_channels:  # = hk.Conv2D(conv_channels, 3) -> ReLU -> hk.avg_pool(2x2), faster on CPU
+        x = layers.conv_relu_pool(obs, conv_channels)
     x = x.reshape(obs.shape[0], -1)
     features = []
     for i, width in enumerate(hidden_sizes):
@@ -556,6 +476,31 @@ def iteration_metrics(args: Args, iteration: Iteration,
     return metrics
 
 
+def iteration_scalars(args: Args, metrics: dict) -> dict[str, float]:
+    """The iteration's TensorBoard scalars, besides charts/SPS and the episodes' (the run's
+    bookkeeping logs those)."""
+    scalars = {"charts/learning_rate": metrics["learning_rate"]}
+    scalars |= {f"losses/{name}": metrics[name] for name in LOSS_METRICS}
+    if args.diagnostics:
+        scalars |= {f"diagnostics/{name}": metrics[name] for name in diagnostics.DIAGNOSTICS}
+        frequencies = enumerate(metrics["action_frequency"])
+        scalars |= {f"diagnostics/action_{a}_frequency": f for a, f in frequencies}
+    return scalars
+
+
+def first_non_finite(metrics: dict) -> str:
+    """What the non-finite guard names: a loss term, else the gradient norm, else the
+    parameters."""
+    bad = [f"losses/{name}" for name in LOSS_METRICS if not np.isfinite(metrics[name])]
+    if not np.isfinite(metrics["grad_norm"]):
+        bad.append("diagnostics/grad_norm")
+    return (bad + ["the parameters"])[0]
+
+
+LOSS_METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac",
+                "explained_variance")
+
+
 # --------------------------------------------------------------------------------------------------
 # Data parallel: the iteration on each device's share of the environments
 # --------------------------------------------------------------------------------------------------
@@ -628,6 +573,12 @@ def make_parallel_update_step(args: Args, env, env_params, network: hk.Transform
 # --------------------------------------------------------------------------------------------------
 # Arguments: checked before anything is compiled or written
 # --------------------------------------------------------------------------------------------------
+# The arguments that rebuild the network, in a model file's header; ADDED_ARGS: the fields added
+# since model files and search studies were first saved, with the value they had before.
+NETWORK_ARGS = ("env_id", "hidden_sizes", "activation", "layer_norm", "conv_channels")
+ADDED_ARGS = {"conv_channels": 0}
+
+
 def check_args(args: Args) -> str | None:
     """What is wrong with `args`, or None; runs before anything is compiled or written."""
     flag = cli.flag
@@ -635,8 +586,6 @@ def check_args(args: Args) -> str | None:
                  "eval_episodes"):
         if getattr(args, name) <= 0:
             return f"{flag(name)} must be positive, got {getattr(args, name)}"
-    if not 0 <= args.seed < 2**32:  # jax.random.key takes a 32-bit seed
-        return f"--seed must be in [0, {2**32 - 1}], got {args.seed}"
     # `not x > 0` rather than `x <= 0`: NaN fails every comparison; math.isfinite turns away inf.
     for name in ("learning_rate", "max_grad_norm"):
         if not (getattr(args, name) > 0 and math.isfinite(getattr(args, name))):
@@ -655,10 +604,6 @@ def check_args(args: Args) -> str | None:
         return f"--hidden-sizes must be one or more positive widths, got {args.hidden_sizes}"
     if args.conv_channels < 0:
         return f"--conv-channels must be 0 (none) or positive, got {args.conv_channels}"
-    plain_name = re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", args.exp_name)
-    if not plain_name or ".." in args.exp_name:
-        return (f"--exp-name must be a plain name of letters, digits, '_', '-' and '.' (no path, "
-                f"no '..', at most 100 characters), got {args.exp_name!r}")
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         return (f"the batch (num_envs * num_steps = {batch_size}) does not divide into "
@@ -670,94 +615,25 @@ def check_args(args: Args) -> str | None:
     if num_updates >= 2**31:  # optax counts gradient steps (schedule, Adam's bias fix) in int32
         return (f"{num_updates:,} gradient steps (--total-timesteps / batch x --update-epochs x "
                 f"--num-minibatches) is more than the optimizer can count ({2**31 - 1:,})")
-    if args.num_devices < 0:
-        return f"--num-devices must be 0 (automatic) or positive, got {args.num_devices}"
-    if args.num_devices > len(jax.devices()):
-        return (f"--num-devices {args.num_devices} is more than the {len(jax.devices())} devices "
-                f"JAX has")
     minibatch_size = batch_size // args.num_minibatches
     if args.num_devices and (args.num_envs % args.num_devices or minibatch_size % args.num_devices):
         return (f"--num-devices {args.num_devices} must divide both --num-envs {args.num_envs} and "
                 f"the minibatch size {batch_size // args.num_minibatches}")
-    cache_dir = os.path.expanduser(args.jax_cache_dir)
-    if args.jax_cache_dir and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
-        return f"--jax-cache-dir {args.jax_cache_dir} exists and is not a directory"
-    if args.checkpoint_every < 0:
-        return f"--checkpoint-every must be 0 (never) or positive, got {args.checkpoint_every}"
-    if args.env_id not in gymnax.registered_envs:
-        return f"unknown --env-id {args.env_id!r}; gymnax has: {', '.join(gymnax.registered_envs)}"
-    env, env_params = gymnax.make(args.env_id)
-    if not isinstance(env.action_space(env_params), spaces.Discrete):
-        return f"--env-id {args.env_id} has continuous actions; this script handles discrete ones"
-    obs_shape = env.observation_space(env_params).shape
-    if args.conv_channels and not is_grid(obs_shape):
-        return (f"--conv-channels needs a grid of observations (height, width, channels); "
-                f"{args.env_id}'s are of shape {obs_shape}")
-    training, evaluation = estimate_memory_bytes(args, env, env_params)
-    available = cli.available_memory_bytes()
-    if training > available:
-        return (f"training would need about {training / 2**30:,.1f} GiB of memory (--num-envs x "
-                f"--num-steps, --hidden-sizes) and {available / 2**30:,.1f} GiB are available")
-    if evaluation > available:
-        return (f"--eval-episodes {args.eval_episodes} would need about "
-                f"{evaluation / 2**30:,.1f} GiB of memory to play all episodes at once and "
-                f"{available / 2**30:,.1f} GiB are available")
-    return None
+    return cli.check_run_args(args)  # the seed, names, devices, paths, environment and memory
 
 
 def take_saved_args(args: Args, given: set[str]) -> str | None:
-    """--load-model takes the network's arguments from the model file's header, --resume all the
-    run's arguments from its checkpoint; a flag given explicitly must agree. Otherwise the game's
-    row of GAME_DEFAULTS fills the fields not given. An error, or None."""
-    try:
-        if args.resume and args.load_model:
-            return "--resume continues training and --load-model only evaluates: give one of them"
-        if args.load_model:
-            saved = checkpoint.read_network_args(args.load_model, NETWORK_ARGS, ADDED_ARGS)
-            return cli.adopt(args, saved, given, f"{args.load_model} was trained")
-        if args.resume:
-            saved = read_checkpoint_args(args.resume)
-            return cli.adopt(args, saved, given, f"{args.resume} was run", RESUME_MAY_CHANGE)
-    except ValueError as e:
-        return str(e)
+    """--load-model and --resume bring the arguments they were saved with (utils/training.py);
+    otherwise the game's row of GAME_DEFAULTS fills the fields the command line leaves unset. An
+    error, or None."""
+    if args.load_model or args.resume:
+        return training.take_saved_args(__file__, args, given, NETWORK_ARGS, ADDED_ARGS)
     for name, value in GAME_DEFAULTS.get(args.env_id, {}).items():
         if name not in given:
             setattr(args, name, value)
-    if "conv_channels" not in given and args.env_id in gymnax.registered_envs:  # else: check_args
-        env, env_params = gymnax.make(args.env_id)
-        if not is_grid(env.observation_space(env_params).shape):
-            args.conv_channels = 0  # the default convolution needs a grid (CartPole's is a vector)
+    if "conv_channels" not in given:  # the default convolution needs a grid (CartPole's is not)
+        args.conv_channels = default_conv_channels(args.env_id, args.conv_channels)
     return None
-
-
-def is_grid(obs_shape: tuple[int, ...]) -> bool:
-    """Whether observations of this shape are a grid (height, width, channels) for the convolution."""
-    return len(obs_shape) == 3 and min(obs_shape[:2]) >= 2
-
-
-def estimate_memory_bytes(args: Args, env, env_params) -> tuple[int, int]:
-    """Generous estimates of the peak memory of (training, evaluation): a few copies of what the
-    rollout, a minibatch step and the evaluation's episodes hold at once."""
-    # Traced, not run: nothing compiles.
-    obs, state = jax.eval_shape(lambda: env.reset(jax.random.key(0), env_params))
-
-    def nbytes(tree) -> int:
-        return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))
-
-    torso_input = math.prod(obs.shape)
-    if args.conv_channels:  # the torso reads the convolution's pooled grid
-        torso_input = obs.shape[0] // 2 * (obs.shape[1] // 2) * args.conv_channels
-    layer_inputs = [torso_input] + [2 * width for width in args.hidden_sizes]  # CReLU: 2x
-    num_params = sum(i * o for i, o in zip(layer_inputs, [*args.hidden_sizes, env.num_actions + 1]))
-    if args.conv_channels:  # its filters, and its output over the whole grid
-        num_params += 9 * obs.shape[-1] * args.conv_channels
-        layer_inputs.append(math.prod(obs.shape[:2]) * args.conv_channels)
-    features = 4 * sum(layer_inputs)  # bytes per sample
-    sample = nbytes(obs) + 4 * (env.num_actions + 8)
-    rollout = args.num_envs * args.num_steps * sample + args.num_envs * (nbytes(state) + features)
-    minibatch = args.num_envs * args.num_steps // args.num_minibatches * features
-    training = 4 * (rollout + minibatch + 8 * num_params)
-    return training, 2 * args.eval_episodes * (2 * nbytes(obs) + nbytes(state) + features)
 
 
 def fill_runtime_fields(args: Args) -> Args:
@@ -771,282 +647,13 @@ def fill_runtime_fields(args: Args) -> Args:
 
 
 # --------------------------------------------------------------------------------------------------
-# Main: set up, compile, train (the loop only logs), evaluate, save
+# Main: set up, compile, train, evaluate, save
 # --------------------------------------------------------------------------------------------------
-LOSS_METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac",
-                "explained_variance")
-CACHE_MAX_BYTES = 2**30  # a search compiles a program per setting: the cache must not fill the disk
-# The arguments that rebuild the network, in a model file's header; ADDED_ARGS: the fields added
-# since model files and search studies were first saved, with the value they had before.
-NETWORK_ARGS = ("env_id", "hidden_sizes", "activation", "layer_norm", "conv_channels")
-ADDED_ARGS = {"conv_channels": 0}
-
-
-class History(NamedTuple):
-    """The learning curve: the mean return of the training episodes that ended in each iteration."""
-    steps: list
-    seconds: list
-    returns: list
-
-
-class Progress(NamedTuple):
-    """How far training is: with the RunnerState, what a checkpoint holds."""
-    iteration: int
-    history: History
-    train_seconds: float
-
-
-class TrainResult(NamedTuple):
-    runner: RunnerState  # the state to keep: after a non-finite value, the one before it
-    status: str  # "completed", "interrupted" or "non_finite"
-    progress: Progress
-    non_finite: str | None  # the first metric found non-finite
-
-
-def train(args: Args, update_step, runner: RunnerState, writer: checkpoint.RunLog,
-          stop: cli.StopSignals, start: Progress, save_checkpoint=None):
-    """Runs and logs the iterations after `start`; stops early on a signal or a non-finite value;
-    calls save_checkpoint(runner, progress) every --checkpoint-every iterations."""
-    every_tenth = max(1, args.num_iterations // 10)
-    history = start.history
-    recent_return = history.returns[-1] if history.returns else float("nan")
-    elapsed = start.train_seconds
-    train_start = time.time() - elapsed  # a resumed run's clock goes on from its checkpoint
-    for iteration in range(start.iteration + 1, args.num_iterations + 1):
-        previous = runner
-        runner, metrics = update_step(runner)
-        metrics = jax.device_get(metrics)  # the one host transfer per iteration
-        global_step = iteration * args.batch_size
-        elapsed = time.time() - train_start
-        scalars = {"charts/SPS": global_step / elapsed,
-                   "charts/learning_rate": metrics["learning_rate"]}
-        if metrics["episodes"] > 0:  # only episodes that ended, never placeholders
-            recent_return = metrics["episode_return_sum"] / metrics["episodes"]
-            scalars["charts/episodic_return"] = recent_return
-            scalars["charts/episodic_length"] = metrics["episode_length_sum"] / metrics["episodes"]
-            history.steps.append(global_step)
-            history.seconds.append(elapsed)
-            history.returns.append(float(recent_return))
-        scalars |= {f"losses/{name}": metrics[name] for name in LOSS_METRICS}
-        if args.diagnostics:
-            scalars |= {f"diagnostics/{name}": metrics[name] for name in diagnostics.DIAGNOSTICS}
-            frequencies = enumerate(metrics["action_frequency"])
-            scalars |= {f"diagnostics/action_{a}_frequency": f for a, f in frequencies}
-        # What is not finite stays out of TensorBoard: the guard below reports it.
-        finite = {tag: v for tag, v in scalars.items() if np.isfinite(v)}
-        visualize.log_scalars(writer, finite, global_step)
-        tenth = iteration % every_tenth == 0 or iteration == args.num_iterations
-        if args.diagnostics and (tenth or iteration == 1):
-            visualize.log_histograms(writer, metrics["histograms"], global_step)
-        if not metrics["finite"]:
-            bad = [f"losses/{name}" for name in LOSS_METRICS if not np.isfinite(metrics[name])]
-            if not np.isfinite(metrics["grad_norm"]):
-                bad.append("diagnostics/grad_norm")
-            progress = Progress(iteration - 1, history, elapsed)
-            return TrainResult(previous, "non_finite", progress, (bad + ["the parameters"])[0])
-        if tenth:
-            print(f"step {global_step:>9,} | SPS {global_step / elapsed:>8,.0f} | "
-                  f"episodic return {recent_return:6.2f}")
-        if save_checkpoint and iteration % args.checkpoint_every == 0:
-            save_checkpoint(runner, Progress(iteration, history, elapsed))
-        if stop.received:
-            return TrainResult(runner, "interrupted", Progress(iteration, history, elapsed), None)
-    return TrainResult(runner, "completed", Progress(args.num_iterations, history, elapsed), None)
-
-
-# --------------------------------------------------------------------------------------------------
-# Checkpoints: the whole training state, so that a resumed run is the run that would have been
-# --------------------------------------------------------------------------------------------------
-CHECKPOINT = "checkpoint.safetensors"
-CHECKPOINT_FORMAT = "ppo_breakout checkpoint 1"
-RESUME_MAY_CHANGE = ("checkpoint_every", "jax_cache_dir", "num_devices")  # they change no result
-
-
-def code_version() -> str:
-    """A digest of the code that decides what is trained, logged and evaluated."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    return checkpoint.source_digest(__file__, *(os.path.join(here, "utils", name)
-                                                for name in ("evaluation.py", "diagnostics.py")))
-
-
-def save_checkpoint(run_dir: str, args: Args, writer: checkpoint.RunLog, runner: RunnerState,
-                    progress: Progress) -> None:
-    """Writes the runner, progress and arguments to the run directory's checkpoint, in the
-    background, once the log up to here is on disk."""
-    step = progress.iteration * args.batch_size
-    kept = sum(s <= step for s in progress.history.steps)  # a non-finite stop: the state before it
-    history = History(*(np.array(column[:kept], dtype) for column, dtype in
-                        zip(progress.history, (np.int64, np.float64, np.float64))))
-    saved_args = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
-                  if f.init and f.name != "resume"}
-    header = {"format": CHECKPOINT_FORMAT, "code": code_version(), "iteration": progress.iteration,
-              "train_seconds": progress.train_seconds, "args": saved_args}
-    writer.save_state(os.path.join(run_dir, CHECKPOINT), {"runner": runner, "history": history},
-                      {name: json.dumps(value) for name, value in header.items()}, step)
-
-
-def read_checkpoint(run_dir: str) -> tuple[str, dict, dict]:
-    """(path, tensors, header) of `run_dir`'s checkpoint if this code can resume it, else
-    ValueError."""
-    path = os.path.join(run_dir, CHECKPOINT)
-    if not os.path.isdir(run_dir):
-        raise ValueError(f"--resume {run_dir}: no such run directory")
-    status = None  # a run killed outright has no summary.json
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            status = json.load(f)["status"]
-    if status == "completed":
-        raise ValueError(f"--resume {run_dir}: that run completed; nothing to resume")
-    if not os.path.exists(path):
-        raise ValueError(f"--resume {run_dir} has no {CHECKPOINT} (it ran with "
-                         f"--checkpoint-every 0, or stopped before its first)")
-    tensors, header = checkpoint.read_safetensors(path, "--resume")
-    if header.get("format") != json.dumps(CHECKPOINT_FORMAT):
-        raise ValueError(f"{path} is not a checkpoint of this script")
-    if checkpoint.header_value(path, header, "code") != code_version():
-        raise ValueError(f"{path} was written by another version of ppo_breakout.py or utils/; "
-                         f"resume it with the code that wrote it")
-    return path, tensors, header
-
-
-def read_checkpoint_args(run_dir: str) -> dict:
-    path, _, header = read_checkpoint(run_dir)
-    return checkpoint.header_value(path, header, "args")
-
-
-def load_checkpoint(run_dir: str, like: RunnerState,
-                    shardings: RunnerState) -> tuple[RunnerState, Progress]:
-    """The runner (placed on `shardings`) and Progress of `run_dir`'s checkpoint; `like` gives the
-    runner's structure, shapes and dtypes."""
-    path, tensors, header = read_checkpoint(run_dir)
-    runner = jax.device_put(checkpoint.restore(path, tensors, header, "runner", like), shardings)
-    if any(f"history.{name}" not in tensors for name in History._fields):
-        raise ValueError(f"{path} has no learning curve: it is not a checkpoint of this script")
-    history = History(*(tensors[f"history.{name}"].tolist() for name in History._fields))
-    checkpoint.remove_partial_writes(run_dir)  # of a run killed while writing a checkpoint
-    return runner, Progress(checkpoint.header_value(path, header, "iteration"), history,
-                            checkpoint.header_value(path, header, "train_seconds"))
-
-
-# --------------------------------------------------------------------------------------------------
-# Main's phases: set up, compile, train, evaluate, save
-# --------------------------------------------------------------------------------------------------
-class Training(NamedTuple):
-    """What the train phase starts from: the compiled update, the runner and how far it is."""
-    update_step: Any
-    runner: RunnerState
-    start: Progress
-
-
-def configure_jax(args: Args) -> None:
-    if args.jax_cache_dir:  # every program, also those under JAX's 1 s default (the key splits)
-        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(args.jax_cache_dir))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-        jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)  # oldest go first
-
-
-def load_params(args: Args, env, env_params, network: hk.Transformed, key: jax.Array) -> hk.Params:
-    """The parameters of --load-model, checked against the network's shapes."""
-    obs = jax.eval_shape(env.reset, key, env_params)[0]
-    like = jax.ShapeDtypeStruct((1, *obs.shape), obs.dtype)
-    shapes = jax.eval_shape(network.init, key, like)
-    network_args = {name: getattr(args, name) for name in NETWORK_ARGS}
-    return cli.or_exit(checkpoint.load_model, args.load_model, network_args, shapes,
-                       ADDED_ARGS)
-
-
-def compile_training(args: Args, env, env_params, network: hk.Transformed,
-                     key: jax.Array) -> Training:
-    """The update compiled for --num-devices, and the runner it starts from: a fresh one, or the
-    checkpoint's of --resume."""
-    optimizer = make_optimizer(args)
-    mesh = make_mesh(args.num_devices)
-    init = jax.jit(functools.partial(init_runner, env=env, env_params=env_params,
-                                     network=network, optimizer=optimizer,
-                                     num_envs=args.num_envs),
-                   out_shardings=make_runner_shardings(mesh))
-    if args.resume:  # read before anything is written
-        like = jax.eval_shape(init, key)
-        runner, start = cli.or_exit(load_checkpoint, args.resume, like,
-                                    make_runner_shardings(mesh))
-    else:
-        runner = init(key)
-        start = Progress(0, History([], [], []), 0.0)
-    update_step = make_parallel_update_step(args, env, env_params, network, optimizer, mesh)
-    return Training(update_step.lower(runner).compile(), runner, start)
-
-
-def open_log(run_dir: str, args: Args, start: Progress) -> checkpoint.RunLog:
-    """The run's TensorBoard log; a resumed one starts where the checkpoint stopped, and
-    TensorBoard drops what was logged after it."""
-    start_step = start.iteration * args.batch_size
-    purge_step = start_step + 1 if args.resume else None
-    writer = checkpoint.RunLog(run_dir, start_step, purge_step)
-    if not args.resume:
-        writer.add_text("hyperparameters", "|param|value|\n|-|-|\n"
-                        + "\n".join(f"|{k}|{v}|" for k, v in vars(args).items()))
-    return writer
-
-
-def run_training(args: Args, training: Training, writer: checkpoint.RunLog, run_dir: str,
-                 stop: cli.StopSignals, compile_seconds: float) -> tuple[TrainResult, dict]:
-    """Trains, checkpointing as it goes; the result and summary.json's training fields."""
-    start_step = training.start.iteration * args.batch_size
-    resumed = f"; resumed at step {start_step:,}" if args.resume else ""
-    print(f"{args.env_id}: {args.num_iterations} iterations of {args.batch_size} steps on "
-          f"{args.num_devices} device(s); compiled in {compile_seconds:.1f}s; "
-          f"logging to {run_dir}{resumed}")
-    save = None
-    if args.checkpoint_every:
-        save = functools.partial(save_checkpoint, run_dir, args, writer)
-    result = train(args, training.update_step, training.runner, writer, stop, training.start, save)
-    if save:  # the state it stopped in (after a non-finite value, the last finite one)
-        save(result.runner, result.progress)
-    iterations = result.progress.iteration
-    seconds = result.progress.train_seconds
-    step = iterations * args.batch_size
-    fields = {"status": result.status, "global_step": step, "iterations": iterations,
-              "train_seconds": seconds, "sps": step / seconds if step else 0.0}
-    if args.resume:
-        fields["resumed_at_step"] = start_step
-    if result.status == "non_finite":
-        print(f"error: {result.non_finite} is non-finite in iteration {iterations + 1}; stopped "
-              f"and saved the parameters from before it (step {step:,})", file=sys.stderr)
-        fields.update(non_finite=result.non_finite, non_finite_iteration=iterations + 1)
-    elif result.status == "interrupted":
-        print(f"interrupted at step {step:,}", file=sys.stderr)
-    return result, fields
-
-
-def evaluate_and_draw(args: Args, play, params: hk.Params, history: History,
-                      writer: checkpoint.RunLog, run_dir: str, step: int) -> dict:
-    """Plays the final evaluations and draws them and the learning curve; summary.json's `eval`.
-    The devices play the sampled pair while the host draws the learning curve (a call waits for a
-    device that is still busy, so the greedy pair is queued after the drawing)."""
-    title = f"{args.env_id}, seed {args.seed}"
-    results = {"sampled": play(params, "sampled")}
-    if history.steps:
-        figure = visualize.learning_curve_figure(*history, title)
-        visualize.write_picture(writer, run_dir, "learning_curve.png", "charts/learning_curve",
-                                visualize.figure_to_png(figure), step)
-    results["greedy"] = play(params, "greedy")
-    return visualize.report_evaluations(results, writer, run_dir, step, f"{title}, step {step:,}",
-                                        args.env_id)
-
-
-def save_model(run_dir: str, args: Args, params: hk.Params, step: int) -> str:
-    path = os.path.join(run_dir, "model.safetensors")
-    network_args = {name: getattr(args, name) for name in NETWORK_ARGS}
-    checkpoint.save_model(path, params, network_args,
-                          {"global_step": str(step), "args": json.dumps(vars(args))})
-    return path
-
-
 def main() -> None:
     # Set up: arguments, JAX, the environment, the network and the keys.
     wall_start = time.time()
     args = cli.parse_args(Args, check_args, __doc__.split("\n\n")[0], take_saved=take_saved_args)
-    configure_jax(args)
+    startup.configure_compilation_cache(args.jax_cache_dir)
     fill_runtime_fields(args)
     env, env_params = make_env(args.env_id, args.sticky_action_prob)
     network = make_network(env.action_space(env_params).n, args.hidden_sizes, args.activation,
@@ -1055,55 +662,66 @@ def main() -> None:
 
     # Compile ahead of time, before the run directory exists and before the clock for SPS starts.
     compile_start = time.time()
-    training = None
+    start = None  # where training starts: from scratch, or --resume's checkpoint
     if args.load_model:
-        params = load_params(args, env, env_params, network, runner_key)
+        obs = jax.eval_shape(env.reset, runner_key, env_params)[0]
+        params = cli.or_exit(model.load_params, args.load_model, network, obs, args,
+                             NETWORK_ARGS, ADDED_ARGS)
     else:
-        training = compile_training(args, env, env_params, network, runner_key)
-        params = training.runner.train_state.params
+        optimizer = make_optimizer(args)
+        mesh = make_mesh(args.num_devices)
+        init = jax.jit(functools.partial(init_runner, env=env, env_params=env_params,
+                                         network=network, optimizer=optimizer,
+                                         num_envs=args.num_envs),
+                       out_shardings=make_runner_shardings(mesh))
+        if args.resume:  # read before anything is written
+            runner, start = cli.or_exit(checkpoint.load_checkpoint, __file__, args.resume,
+                                        jax.eval_shape(init, runner_key),
+                                        make_runner_shardings(mesh))
+        else:
+            runner = init(runner_key)
+        update_step = make_parallel_update_step(args, env, env_params, network, optimizer, mesh)
+        update_step = update_step.lower(runner).compile()
+        params = runner.train_state.params
     play = evaluation.compile_final_evaluation(
         env, args.env_id, env_params, lambda p, o: network.apply(p, o)[0], args.eval_episodes,
         args.num_devices, eval_key, params)
     compile_seconds = time.time() - compile_start
 
-    run_dir = args.resume or cli.make_run_dir(f"{args.env_id}__{args.exp_name}__{args.seed}")
-    start = training.start if training else Progress(0, History([], [], []), 0.0)
-    writer = open_log(run_dir, args, start)
-    summary = cli.RunSummary(run_dir, args, wall_start, env_id=args.env_id, seed=args.seed,
-                             total_timesteps=args.total_timesteps, compile_seconds=compile_seconds)
-    # summary.json says how the run ended, whatever happens from here on.
-    with summary, contextlib.closing(writer), cli.StopSignals() as stop:
-        # Train.
-        history = start.history
-        if training:
-            result, fields = run_training(args, training, writer, run_dir, stop, compile_seconds)
-            summary.update(fields)
-            params = result.runner.train_state.params
-            history = result.progress.history
-        else:
-            print(f"{args.env_id}: evaluating {args.load_model}; compiled in "
-                  f"{compile_seconds:.1f}s; logging to {run_dir}")
-            summary.update(status="completed", global_step=0, load_model=args.load_model)
+    # The run's directory, log, checkpoints and summary.json (utils/training.py).
+    with training.Run(__file__, args, start, compile_seconds, wall_start) as run:
+        # Train: each iteration is one jitted update_step; the rest of the loop keeps the books.
+        if not args.load_model:
+            for iteration in run.iterations():  # after Ctrl-C, no further iteration
+                next_runner, metrics = update_step(runner)
+                metrics = jax.device_get(metrics)  # the one host transfer per iteration
+                run.log_iteration(iteration, metrics, iteration_scalars(args, metrics),
+                                  metrics.get("histograms"))
+                if not metrics["finite"]:  # stop, keeping the parameters from before it
+                    run.stop_non_finite(iteration, first_non_finite(metrics))
+                    break
+                runner = next_runner
+                run.end_iteration(iteration, runner)  # progress line; checkpoint every few
+            run.finish(runner)
+            params = runner.train_state.params
 
-        # Evaluate.
-        if summary["status"] == "completed":
+        # Evaluate the final policy under both protocols, and draw it.
+        if run.completed:
             eval_start = time.time()
-            summary["eval"] = evaluate_and_draw(args, play, params, history, writer, run_dir,
-                                                summary["global_step"])
-            summary.update(eval_episodes=args.eval_episodes, eval_seconds=time.time() - eval_start)
+            title = f"{args.env_id}, seed {args.seed}"
+            run.summary["eval"] = visualize.evaluate_and_draw(
+                play, params, run.history, run.log, run.run_dir, run.global_step, title,
+                args.env_id)
+            run.summary.update(eval_episodes=args.eval_episodes,
+                               eval_seconds=time.time() - eval_start)
 
-        # Save.
-        if args.save_model and training:
-            summary["model"] = save_model(run_dir, args, params, summary["global_step"])
-        if stop.received:
-            summary["status"] = "interrupted"
-    print(f"summary: {os.path.join(run_dir, 'summary.json')}")
-    if stop.received:
-        sys.exit(128 + stop.received)
-    sys.exit(3 if summary["status"] == "non_finite" else 0)
+        # Save the final parameters, with the arguments that rebuild the network.
+        if args.save_model and not args.load_model:
+            run.summary["model"] = model.save_run_model(run.run_dir, args, params, NETWORK_ARGS,
+                                                        run.global_step)
+    sys.exit(run.exit_code)
 
 
 if __name__ == "__main__":
-    gc.freeze()  # the imports' objects, out of later collections (see the start-up block above)
-    gc.enable()
+    startup.after_imports()
     main()

@@ -34,6 +34,7 @@ from optuna.trial import TrialState
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import stats, tune  # noqa: E402  (tune sets up JAX's devices first)
+from utils import startup  # noqa: E402
 
 ppo_breakout = tune.ppo_breakout
 # Heartbeats and their retry callback are marked experimental; they are what lets a study resume.
@@ -493,9 +494,7 @@ def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # this script prints its own progress lines
     storage = open_storage(args)
     study = open_study(args, storage)
-    if args.ppo.jax_cache_dir:
-        cache_dir = os.path.expanduser(args.ppo.jax_cache_dir)
-        tune.jax.config.update("jax_compilation_cache_dir", cache_dir)
+    startup.configure_compilation_cache(args.ppo.jax_cache_dir)
     print(f"study {args.study_name!r}: {len(finished(study))} of {args.n_trials} trials finished",
           file=sys.stderr)
     run_worker(study, args, heartbeat=isinstance(storage, optuna.storages.RDBStorage))

@@ -48,7 +48,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import ppo_breakout  # noqa: E402
 from benchmarks import stats  # noqa: E402
-from utils import checkpoint  # noqa: E402
+from utils import checkpoint, files, startup  # noqa: E402
 from utils.evaluation import PROTOCOLS, SAFETY_BOUND, evaluate, protocol_params  # noqa: E402
 
 
@@ -134,8 +134,7 @@ def checkpoint_identity(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes:
                         num_chunks: int, stability: bool) -> dict:
     """What a checkpoint must match to be resumed: the code and every argument that changes a result
     (not the device count: a seed's result does not depend on it)."""
-    code = checkpoint.source_digest(__file__, ppo_breakout.__file__, *(
-        os.path.join(ROOT, "utils", name) for name in ("evaluation.py", "diagnostics.py")))
+    code = checkpoint.code_version(__file__, ppo_breakout.__file__)
     ppo = {k: v for k, v in vars(cfg).items() if k not in NOT_USED}
     return {"format": "tune checkpoint 1", "code": code, "ppo": ppo, "seeds": seeds,
             "eval_episodes": eval_episodes, "num_chunks": num_chunks, "stability": stability}
@@ -146,11 +145,11 @@ def read_checkpoint(path: str, identity: dict) -> tuple[dict, dict] | None:
     none, else ValueError saying why it cannot be resumed."""
     if not os.path.exists(path):
         return None
-    tensors, header = checkpoint.read_safetensors(path, "--checkpoint-dir")
+    tensors, header = files.read_safetensors(path, "--checkpoint-dir")
     if header.get("format") != json.dumps(identity["format"]):
         raise ValueError(f"{path} is not a checkpoint of this harness")
     for name, value in identity.items():
-        saved, value = checkpoint.header_value(path, header, name), json.loads(json.dumps(value))
+        saved, value = files.header_value(path, header, name), json.loads(json.dumps(value))
         if name == "ppo" and saved != value:  # name the first PPO argument that differs
             name = next(k for k in sorted(saved | value) if saved.get(k) != value.get(k))
             saved, value, name = saved.get(name), value.get(name), f"ppo.{name}"
@@ -169,7 +168,7 @@ def save_chunks(path: str, identity: dict, runners: ppo_breakout.RunnerState, nu
     header = {name: json.dumps(value) for name, value in identity.items()}
     header["chunks_done"] = json.dumps(len(return_sums))
     header["train_seconds"] = json.dumps(train_seconds)
-    checkpoint.write_atomically(path, checkpoint.state_bytes(
+    files.write_atomically(path, checkpoint.state_bytes(
         {"runners": jax.tree.map(lambda x: x[:num_seeds], runners), "results": results}, header))
 
 
@@ -177,7 +176,7 @@ def restore_chunks(path: str, tensors: dict, header: dict, runners: ppo_breakout
                    num_seeds: int, stability: bool) -> tuple:
     """What save_chunks wrote: the seeds' runners, the per-chunk return_sums, episodes and
     extremes, and the training seconds. `runners` gives the runners' structure."""
-    done = checkpoint.header_value(path, header, "chunks_done")
+    done = files.header_value(path, header, "chunks_done")
     per_chunk = lambda dtype: np.zeros((done, num_seeds), dtype)  # noqa: E731
     results = checkpoint.restore(path, tensors, header, "results", {
         "return_sums": per_chunk(np.float32), "episodes": per_chunk(np.int32),
@@ -187,7 +186,7 @@ def restore_chunks(path: str, tensors: dict, header: dict, runners: ppo_breakout
     extremes = [list(chunk) for chunk in zip(*results["extremes"])] or [[] for _ in range(done)]
     return (checkpoint.restore(path, tensors, header, "runners", seeds_only),
             list(results["return_sums"]), list(results["episodes"]), extremes,
-            checkpoint.header_value(path, header, "train_seconds"))
+            files.header_value(path, header, "train_seconds"))
 
 
 def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, num_chunks: int,
@@ -385,9 +384,7 @@ def main() -> None:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     cfg = ppo_breakout.fill_runtime_fields(args.ppo)
-    if cfg.jax_cache_dir:
-        jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cfg.jax_cache_dir))
-        jax.config.update("jax_compilation_cache_max_size", ppo_breakout.CACHE_MAX_BYTES)
+    startup.configure_compilation_cache(cfg.jax_cache_dir)
     baseline = None
     if args.baseline:
         with open(args.baseline) as f:

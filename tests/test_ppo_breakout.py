@@ -29,7 +29,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import ppo_breakout as ppo
 from probe_envs import ProbeEnv
-from utils import checkpoint, cli, diagnostics, visualize
+from utils import checkpoint, cli, diagnostics, files, layers, logger, startup, visualize
+from utils import model as model_file
+from utils.env import StickyActions, StickyParams
 from utils.evaluation import evaluate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -461,8 +463,8 @@ def test_sticky_actions_at_zero_change_nothing():
 def test_sticky_actions_repeat_the_executed_action_with_the_given_probability():
     prob, num_steps = 0.25, 20_000
     actions = np.random.default_rng(0).integers(0, 2, num_steps)
-    env = ppo.StickyActions(ProbeEnv())  # episodes of 2-4 steps: thousands of episode boundaries
-    executed, _, done = sticky_rollout(env, ppo.StickyParams(ProbeEnv().default_params, prob),
+    env = StickyActions(ProbeEnv())  # episodes of 2-4 steps: thousands of episode boundaries
+    executed, _, done = sticky_rollout(env, StickyParams(ProbeEnv().default_params, prob),
                                        actions, jax.random.key(1))
     previous = np.concatenate([[0], executed[:-1]])  # the first episode starts from action 0 (no-op)
     # Each step executes either the chosen action or the previous executed one, nothing else...
@@ -826,7 +828,7 @@ def test_a_saved_model_brings_its_network_arguments_with_it(tmp_path):
     params = ppo.make_network(env.num_actions, args.hidden_sizes, args.activation,
                               args.layer_norm, args.conv_channels).init(jax.random.key(0), obs)
     model = str(tmp_path / "asterix.safetensors")
-    checkpoint.save_model(model, params, network_args(args), {})
+    model_file.save_model(model, params, network_args(args), {})
     result = run_in_process(tmp_path, "--load-model", model, "--eval-episodes", "4", "--hidden-sizes", "16")
     assert result.returncode == 0, result.stderr
     saved = read_summary(only_run_dir(tmp_path))["args"]
@@ -839,7 +841,7 @@ def test_a_run_with_a_convolution_trains_and_saves_it(tmp_path):
     assert result.returncode == 0, result.stderr
     run_dir = only_run_dir(tmp_path)
     assert read_summary(run_dir)["status"] == "completed"
-    tensors, header = checkpoint.read_safetensors(os.path.join(run_dir, "model.safetensors"), "--load-model")
+    tensors, header = files.read_safetensors(os.path.join(run_dir, "model.safetensors"), "--load-model")
     assert tensors["conv/w"].shape == (3, 3, 4, 2) and json.loads(header["conv_channels"]) == 2
 
 
@@ -847,7 +849,7 @@ def test_a_model_file_from_before_the_convolution_evaluates_without_one(tmp_path
     args = tyro.cli(ppo.Args, args=["--hidden-sizes", "16", "--conv-channels", "0"])
     older = str(tmp_path / "older.safetensors")
     header = {k: v for k, v in network_args(args).items() if k != "conv_channels"}
-    checkpoint.save_model(older, tiny_network_params(args), header, {})
+    model_file.save_model(older, tiny_network_params(args), header, {})
     result = run_in_process(tmp_path, "--load-model", older, "--eval-episodes", "4")
     assert result.returncode == 0, result.stderr
     assert read_summary(only_run_dir(tmp_path))["args"]["conv_channels"] == 0
@@ -874,9 +876,9 @@ def test_saved_model_round_trips_with_the_network_arguments_in_its_header(tmp_pa
                                     "--conv-channels", "0"])
     params = tiny_network_params(args)
     path = str(tmp_path / "model.safetensors")
-    checkpoint.save_model(path, params, network_args(args), {"global_step": "123"})
+    model_file.save_model(path, params, network_args(args), {"global_step": "123"})
     assert os.listdir(tmp_path) == ["model.safetensors"]  # the temporary file was renamed, not left
-    loaded = checkpoint.load_model(path, network_args(args), params)
+    loaded = model_file.load_model(path, network_args(args), params)
     jax.tree.map(np.testing.assert_array_equal, loaded, params)
     # Another width, activation or game is refused, naming the flag and both values.
     for flags, message in [(["--hidden-sizes", "8", "8"], "--hidden-sizes 8 4, not 8 8"),
@@ -885,22 +887,22 @@ def test_saved_model_round_trips_with_the_network_arguments_in_its_header(tmp_pa
                              "--env-id", "Asterix-MinAtar"], "--env-id Breakout-MinAtar, not Asterix-MinAtar")]:
         other = network_args(tyro.cli(ppo.Args, args=[*flags, "--conv-channels", "0"]))
         with pytest.raises(ValueError, match=message):
-            checkpoint.load_model(path, other, params)
+            model_file.load_model(path, other, params)
     # With a convolution, and without: the header says which.
     conv = tyro.cli(ppo.Args, args=["--hidden-sizes", "8", "4", "--activation", "relu", "--conv-channels", "2"])
     conv_path = str(tmp_path / "conv.safetensors")
-    checkpoint.save_model(conv_path, tiny_network_params(conv), network_args(conv), {})
+    model_file.save_model(conv_path, tiny_network_params(conv), network_args(conv), {})
     with pytest.raises(ValueError, match="--conv-channels 2, not 0"):
-        checkpoint.load_model(conv_path, network_args(args), params, ppo.ADDED_ARGS)
+        model_file.load_model(conv_path, network_args(args), params, ppo.ADDED_ARGS)
     # A file saved before conv_channels existed has no convolution.
     older = str(tmp_path / "older.safetensors")
-    checkpoint.save_model(older, params, {k: v for k, v in network_args(args).items() if k != "conv_channels"}, {})
-    assert checkpoint.read_network_args(older, ppo.NETWORK_ARGS, ppo.ADDED_ARGS)["conv_channels"] == 0
-    checkpoint.load_model(older, network_args(args), params, ppo.ADDED_ARGS)
+    model_file.save_model(older, params, {k: v for k, v in network_args(args).items() if k != "conv_channels"}, {})
+    assert model_file.read_network_args(older, ppo.NETWORK_ARGS, ppo.ADDED_ARGS)["conv_channels"] == 0
+    model_file.load_model(older, network_args(args), params, ppo.ADDED_ARGS)
     # A header that lies about the network: the tensors' shapes are checked too.
     other = ppo.make_network(3, (8, 5), "relu", False).init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
     with pytest.raises(ValueError, match="does not hold the parameters of this network"):
-        checkpoint.load_model(path, network_args(args), other)
+        model_file.load_model(path, network_args(args), other)
 
 
 def test_a_failed_save_leaves_neither_a_model_nor_a_temporary_file(tmp_path, monkeypatch):
@@ -909,7 +911,7 @@ def test_a_failed_save_leaves_neither_a_model_nor_a_temporary_file(tmp_path, mon
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(checkpoint.os, "fsync", full_disk)
     with pytest.raises(OSError, match="No space left"):
-        checkpoint.save_model(str(tmp_path / "model.safetensors"), tiny_network_params(args), network_args(args),
+        model_file.save_model(str(tmp_path / "model.safetensors"), tiny_network_params(args), network_args(args),
                               {})
     assert os.listdir(tmp_path) == []
 
@@ -951,7 +953,7 @@ def test_a_damaged_or_mismatched_model_is_refused_with_one_line(tiny_run, tmp_pa
     cases["missing"] = ([str(files / "nothing.safetensors")], "no such file")
     cases["a directory"] = ([str(files)], f"--load-model {files} is a directory, not a file")
     garbled = str(files / "garbled.safetensors")
-    tensors, header = checkpoint.read_safetensors(model, "--load-model")
+    tensors, header = files.read_safetensors(model, "--load-model")
     safetensors.numpy.save_file(tensors, garbled, header | {"hidden_sizes": "[64,"})
     cases["a garbled header"] = ([garbled], f"{garbled}: the header's hidden_sizes is not valid JSON ('[64,')")
     # A flag given explicitly that contradicts the header (one the header agrees with is fine).
@@ -1046,7 +1048,7 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_finite_parameters(tm
     assert summary["non_finite"] in line and "eval" not in summary
     assert "charts/SPS" in read_scalars(run_dir)  # the log was flushed and reads back
     args = tyro.cli(ppo.Args, args=TINY)
-    saved = checkpoint.load_model(os.path.join(run_dir, "model.safetensors"), network_args(args), tiny_network_params(args))
+    saved = model_file.load_model(os.path.join(run_dir, "model.safetensors"), network_args(args), tiny_network_params(args))
     assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(saved))
 
 
@@ -1070,7 +1072,7 @@ def test_a_signal_ends_the_run_cleanly_after_the_current_iteration(signum, statu
     # It stopped at the end of an iteration, and everything up to there was logged.
     assert len(read_scalars(run_dir)["charts/SPS"]) == summary["global_step"] // 2048
     args = tyro.cli(ppo.Args, args=TINY)
-    checkpoint.load_model(os.path.join(run_dir, "model.safetensors"), network_args(args), tiny_network_params(args))
+    model_file.load_model(os.path.join(run_dir, "model.safetensors"), network_args(args), tiny_network_params(args))
 
 
 @pytest.mark.parametrize("activation, feature_factor, gain", [("relu", 1, np.sqrt(2)), ("crelu", 2, 1.0)])
@@ -1091,7 +1093,7 @@ def test_hidden_sizes_and_activation_set_the_shared_torso(activation, feature_fa
 def test_the_grid_convolution_is_one_3x3_filter_bank_at_every_cell_then_2x2_means(height, width):
     # Written out cell by cell: zero padding at the edges (the output keeps the grid's size before
     # pooling), ReLU, then the mean of each 2x2 block.
-    conv = hk.without_apply_rng(hk.transform(lambda o: ppo.grid_convolution(o, 3)))
+    conv = hk.without_apply_rng(hk.transform(lambda o: layers.conv_relu_pool(o, 3)))
     obs = jax.random.bernoulli(jax.random.key(0), 0.4, (2, height, width, 4)).astype(jnp.float32)
     params = conv.init(jax.random.key(1), obs)
     assert params["conv"]["w"].shape == (3, 3, 4, 3) and params["conv"]["b"].shape == (3,)
@@ -1116,7 +1118,7 @@ def test_conv_channels_put_the_grid_convolution_before_the_torso():
     params = network.init(jax.random.key(1), obs)
     assert params["conv"]["w"].shape == (3, 3, 4, 8)
     assert params["torso_0"]["w"].shape == (5 * 5 * 8, 32)  # the pooled 5x5 grid of 8 channels
-    conv = hk.without_apply_rng(hk.transform(lambda o: ppo.grid_convolution(o, 8)))
+    conv = hk.without_apply_rng(hk.transform(lambda o: layers.conv_relu_pool(o, 8)))
     torso_input = conv.apply({"conv": params["conv"]}, obs).reshape(2, -1)
     pre_activation = torso_input @ params["torso_0"]["w"] + params["torso_0"]["b"]
     _, _, features = network.apply(params, obs, return_features=True)
@@ -1176,7 +1178,7 @@ def test_approx_kl_is_the_low_variance_k3_estimator_not_the_naive_one():
 
 def test_the_compilation_cache_is_capped(tiny_run):
     # A search compiles a program per setting: without a cap the persistent cache grows without bound.
-    assert jax.config.jax_compilation_cache_max_size == ppo.CACHE_MAX_BYTES > 0
+    assert jax.config.jax_compilation_cache_max_size == startup.CACHE_MAX_BYTES > 0
 
 
 @pytest.mark.parametrize("layer_norm", [True, False])

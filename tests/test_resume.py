@@ -21,7 +21,7 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 from tensorboard.compat.proto.event_pb2 import SessionLog
 
 import ppo_breakout as ppo
-from utils import checkpoint, cli
+from utils import checkpoint, cli, files, logger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 64 iterations of 2048 steps, a checkpoint every 8: long enough to be killed in the middle.
@@ -55,8 +55,8 @@ def start_script(cwd) -> subprocess.Popen:
 
 
 def checkpoint_iteration(run_dir) -> int:
-    with safetensors.safe_open(os.path.join(run_dir, ppo.CHECKPOINT), "numpy") as f:
-        return checkpoint.header_value("", f.metadata(), "iteration")
+    with safetensors.safe_open(os.path.join(run_dir, checkpoint.CHECKPOINT), "numpy") as f:
+        return files.header_value("", f.metadata(), "iteration")
 
 
 def only_run_dir(path) -> str:
@@ -68,7 +68,7 @@ def what_a_run_ends_with(run_dir) -> dict:
     """Every tensor of model.safetensors and of the last checkpoint (but the seconds of its learning
     curve) as bytes, every logged scalar but SPS, and the evaluation."""
     tensors = {}
-    for name in ("model.safetensors", ppo.CHECKPOINT):
+    for name in ("model.safetensors", checkpoint.CHECKPOINT):
         with open(os.path.join(run_dir, name), "rb") as f:
             tensors |= {f"{name}:{key}": t for key, t in safetensors.numpy.load(f.read()).items()
                         if key != "history.seconds"}
@@ -186,13 +186,13 @@ def test_a_kill_in_the_middle_of_writing_a_checkpoint_resumes_from_the_one_befor
 
 
 def rewrite_header(path: str, **values) -> None:
-    tensors, header = checkpoint.read_safetensors(path, "")
+    tensors, header = files.read_safetensors(path, "")
     safetensors.numpy.save_file(tensors, path, header | values)
 
 
 def damage(run_dir: str, case: str) -> None:
     """Damages a run directory's checkpoint the way `case` says."""
-    path = os.path.join(run_dir, ppo.CHECKPOINT)
+    path = os.path.join(run_dir, checkpoint.CHECKPOINT)
     if case == "truncated":
         with open(path, "rb") as f:
             data = f.read()
@@ -205,11 +205,11 @@ def damage(run_dir: str, case: str) -> None:
     elif case == "another version":
         rewrite_header(path, code=json.dumps("0" * 64))
     elif case == "another network":  # the arguments say 32 units; the tensors hold 64
-        _, header = checkpoint.read_safetensors(path, "")
+        _, header = files.read_safetensors(path, "")
         args = json.loads(header["args"]) | {"hidden_sizes": [32, 32]}
         rewrite_header(path, args=json.dumps(args))
     elif case == "no key":
-        tensors, header = checkpoint.read_safetensors(path, "")
+        tensors, header = files.read_safetensors(path, "")
         del tensors["runner.key"]
         safetensors.numpy.save_file(tensors, path, header)
 
@@ -261,8 +261,8 @@ def test_a_state_with_a_typed_key_round_trips_bit_for_bit(tmp_path):
     state = {"key": jax.random.split(jax.random.key(3), 4), "flags": np.array([True, False]),
              "x": np.arange(6, dtype=np.float32).reshape(2, 3)}
     path = str(tmp_path / "state.safetensors")
-    checkpoint.write_atomically(path, checkpoint.state_bytes({"state": state}, {}))
-    tensors, header = checkpoint.read_safetensors(path, "")
+    files.write_atomically(path, checkpoint.state_bytes({"state": state}, {}))
+    tensors, header = files.read_safetensors(path, "")
     restored = checkpoint.restore(path, tensors, header, "state", state)
     np.testing.assert_array_equal(jax.random.key_data(restored["key"]),
                                   jax.random.key_data(state["key"]))
@@ -285,18 +285,21 @@ def test_the_flags_a_command_line_gives_are_found(argv, given):
 
 
 def test_what_was_logged_before_a_checkpoint_is_on_disk_once_the_checkpoint_is(tmp_path):
-    log = checkpoint.RunLog(str(tmp_path), step=0)
+    log = logger.RunLog(str(tmp_path), step=0)
     log.add_scalar("charts/x", 1.0, 7)
-    log.save_state(str(tmp_path / "state.safetensors"), {"state": {"x": np.zeros(3)}}, {}, step=7)
-    log.wait()
-    assert os.path.exists(tmp_path / "state.safetensors")
+    checkpoints = checkpoint.Checkpointer(ppo.__file__, str(tmp_path), ppo.Args(), log)
+    checkpoints.save({"x": np.zeros(3)}, checkpoint.fresh_start(), step=7)
+    checkpoints.wait()
+    assert os.path.exists(tmp_path / checkpoint.CHECKPOINT)
     assert [e.step for e in logged_events(tmp_path) if e.summary.value] == [7]  # the log not closed
+    log.add_scalar("charts/x", 2.0, 8)  # and still open: one event file for the whole run
     log.close()
+    assert len(glob.glob(str(tmp_path / "events.out.tfevents.*"))) == 1
 
 
 def test_a_resumed_log_starts_by_dropping_what_was_logged_after_its_checkpoint(tmp_path):
-    checkpoint.RunLog(str(tmp_path), step=0).close()
-    log = checkpoint.RunLog(str(tmp_path), step=4096, purge_step=4097)  # a new second: a new file
+    logger.RunLog(str(tmp_path), step=0).close()
+    log = logger.RunLog(str(tmp_path), step=4096, purge_step=4097)  # a new second: a new file
     log.close()
     starts = [e.step for e in logged_events(tmp_path) if e.session_log.status == SessionLog.START]
     assert starts == [4097]

@@ -1,138 +1,46 @@
-"""Model files and training checkpoints: arrays in safetensors (no pickle) with JSON values in the
-header, written atomically and checked when read; and a TensorBoard log made durable by them.
+"""Checkpoints and resume: a run's whole training state, written atomically in the background
+every few iterations, so that a resumed run is the run that would have been, bit for bit.
 
-Why safetensors for checkpoints too, not orbax-checkpoint: a checkpoint is then one file, replaced
-whole by the same atomic rename as the model file, where orbax writes a directory per checkpoint and
-its import adds 0.36 s to every start of the script (measured here)."""
+A checkpoint is one safetensors file (why not orbax-checkpoint: one file, replaced whole by the
+same atomic rename as the model file, and no import cost at start-up) holding any pytrees of
+arrays, each leaf named by its path, with the run's arguments, progress and code digest in the
+header. Any script whose training state is a pytree can use it."""
 
 import concurrent.futures
-import hashlib
+import dataclasses
+import glob
 import json
 import os
-import tempfile
-import time
+from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-import safetensors
 import safetensors.numpy
-from tensorboardX import SummaryWriter
 
-from utils.cli import flag
+from utils.files import header_value, read_safetensors, remove_partial_writes, source_digest
+from utils.files import write_atomically
 
-
-def write_atomically(path: str, data: bytes) -> None:
-    """Writes `data` to `path` so that `path` holds its old content or all of `data`, whatever:
-    a temporary file in the same directory, synced, then renamed over it (a failed write removes
-    it; a killed process leaves it, never a partial `path`)."""
-    directory = os.path.dirname(path) or "."
-    with tempfile.NamedTemporaryFile(dir=directory, suffix=".tmp", delete=False) as f:
-        try:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-            umask = os.umask(0o022)  # the temporary file is private (0600): give it the usual mode
-            os.umask(umask)
-            os.chmod(f.name, 0o666 & ~umask)
-            os.replace(f.name, path)
-        except BaseException:
-            os.unlink(f.name)
-            raise
-    # The rename itself survives a power cut only once the directory is synced.
-    descriptor = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+CHECKPOINT = "checkpoint.safetensors"
+UTILS = os.path.dirname(os.path.abspath(__file__))
 
 
-def remove_partial_writes(directory: str) -> None:
-    """Removes the temporary files of writes that a killed process left in `directory`."""
-    for name in os.listdir(directory):
-        if name.startswith(tempfile.gettempprefix()) and name.endswith(".tmp"):
-            os.remove(os.path.join(directory, name))
+class History(NamedTuple):
+    """The learning curve: the mean return of the training episodes that ended in each
+    iteration."""
+    steps: list
+    seconds: list
+    returns: list
 
 
-def read_safetensors(path: str, what: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """(tensors, header) of the safetensors file at `path`; ValueError saying what is wrong, `what`
-    being the flag that named the file."""
-    if os.path.isdir(path):
-        raise ValueError(f"{what} {path} is a directory, not a file")
-    if not os.path.isfile(path):
-        raise ValueError(f"{what} {path}: no such file")
-    try:
-        with safetensors.safe_open(path, framework="numpy") as f:
-            header = f.metadata() or {}
-            tensors = {name: f.get_tensor(name) for name in f.keys()}
-    except Exception as e:  # safetensors reports a truncated or garbled file in several ways
-        raise ValueError(f"{path} is not a readable safetensors file ({str(e).splitlines()[0]})")
-    return tensors, header
+class Progress(NamedTuple):
+    """How far training is: with the training state, what a checkpoint holds."""
+    iteration: int
+    history: History
+    train_seconds: float
 
 
-def header_value(path: str, header: dict[str, str], name: str, before: dict | None = None):
-    """The JSON value of `name` in a file's header, or its value in `before` (files saved before the
-    field existed); ValueError naming the file and the field."""
-    if name not in header and name in (before or {}):
-        return before[name]
-    if name not in header:
-        raise ValueError(f"{path} has no {name} in its header: it was not saved by this script")
-    try:
-        return json.loads(header[name])
-    except ValueError:
-        raise ValueError(f"{path}: the header's {name} is not valid JSON "
-                         f"({header[name][:40]!r})") from None
-
-
-def source_digest(*paths: str) -> str:
-    """SHA-256 of the files' bytes: a checkpoint resumes only under the code that wrote it."""
-    digest = hashlib.sha256()
-    for path in paths:
-        with open(path, "rb") as f:
-            digest.update(f.read())
-    return digest.hexdigest()
-
-
-# --------------------------------------------------------------------------------------------------
-# Model files: the final parameters, with the arguments that rebuild the network
-# --------------------------------------------------------------------------------------------------
-def save_model(path: str, params: dict, network_args: dict, metadata: dict[str, str]) -> None:
-    """Writes `params` to `path` atomically, with `network_args` ({name: value}, JSON-encoded) and
-    `metadata` in the header."""
-    tensors = {f"{module}/{name}": np.asarray(value)
-               for module, leaves in params.items() for name, value in leaves.items()}
-    header = {name: json.dumps(value) for name, value in network_args.items()} | metadata
-    write_atomically(path, safetensors.numpy.save(tensors, header))
-
-
-def read_network_args(path: str, names: tuple[str, ...], before: dict | None = None) -> dict:
-    """The arguments that rebuild the network, from the header of the model file at `path`
-    (`before`: see header_value)."""
-    _, header = read_safetensors(path, "--load-model")
-    return {name: header_value(path, header, name, before) for name in names}
-
-
-def load_model(path: str, network_args: dict, expected: dict, before: dict | None = None) -> dict:
-    """The parameters saved at `path`, checked against this run's `network_args` and the shapes of
-    `expected`; raises ValueError saying what is wrong."""
-    tensors, header = read_safetensors(path, "--load-model")
-    for name, value in network_args.items():
-        saved, wanted = header_value(path, header, name, before), json.loads(json.dumps(value))
-        if saved != wanted:
-            show = lambda v: " ".join(map(str, v)) if isinstance(v, list) else v  # noqa: E731
-            raise ValueError(f"{path} was trained with {flag(name)} {show(saved)}, "
-                             f"not {show(wanted)}")
-    shapes = {f"{module}/{name}": (tuple(x.shape), np.dtype(x.dtype))
-              for module, leaves in expected.items() for name, x in leaves.items()}
-    if {name: (t.shape, t.dtype) for name, t in tensors.items()} != shapes:
-        raise ValueError(f"{path} does not hold the parameters of this network")
-    if not all(np.isfinite(t).all() for t in tensors.values()):
-        raise ValueError(f"{path} holds non-finite parameters")
-    params = {}
-    for key, value in tensors.items():
-        module, name = key.rsplit("/", 1)
-        params.setdefault(module, {})[name] = jnp.asarray(value)
-    return params
+def fresh_start() -> Progress:
+    return Progress(0, History([], [], []), 0.0)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -184,43 +92,45 @@ def restore(path: str, tensors: dict[str, np.ndarray], header: dict[str, str], p
     return jax.tree_util.tree_unflatten(treedef, restored)
 
 
-class RunLog:
-    """A tensorboardX SummaryWriter that also writes the run's checkpoints, each once the log up to
-    its step is on disk: whatever kills the process, the log holds every step a resume starts after.
-    tensorboardX writes from a queue in a thread and flushes every two minutes; closing is its one
-    synchronous flush, so a checkpoint closes the event file and starts the next. Closing and
-    writing happen in a background thread, one checkpoint at a time: training does not wait for the
-    disk."""
+# --------------------------------------------------------------------------------------------------
+# A run's checkpoint: its state, learning curve, progress and arguments, under the code that wrote it
+# --------------------------------------------------------------------------------------------------
+def checkpoint_format(script: str) -> str:
+    return f"{os.path.splitext(os.path.basename(script))[0]} checkpoint 1"
 
-    def __init__(self, logdir: str, step: int = 0, purge_step: int | None = None):
-        # purge_step: TensorBoard drops what earlier files logged from that step on (a killed run's
-        # steps after its checkpoint, which the resumed run logs again).
-        self.logdir, self.files, self.pending = logdir, 0, None
+
+def code_version(*scripts: str) -> str:
+    """A digest of the code that decides what a run of `scripts` trains, logs and evaluates: the
+    scripts and every shared module."""
+    return source_digest(*scripts, *sorted(glob.glob(os.path.join(UTILS, "*.py"))))
+
+
+class Checkpointer:
+    """Writes `script`'s checkpoints into `run_dir`, each once `log` (flushed first) holds every
+    step before it, in a background thread, one at a time: training does not wait for the disk."""
+
+    def __init__(self, script: str, run_dir: str, args, log):
+        self.path, self.log = os.path.join(run_dir, CHECKPOINT), log
+        self.header = {"format": checkpoint_format(script), "code": code_version(script),
+                       "args": {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
+                                if f.init and f.name != "resume"}}
         self.disk = concurrent.futures.ThreadPoolExecutor(1)
-        # Event files sort by the second they were made in, so a resumed log waits for a second that
-        # no file of the run before it was made in (less than a second, right after a kill).
-        made = [int(name.split(".")[3]) for name in os.listdir(logdir) if name.startswith("events.out.tfevents.")]
-        time.sleep(max(0.0, max(made, default=0) + 1 - time.time()))
-        self.writer = self.open(step, purge_step)
+        self.pending = None
 
-    def open(self, step: int, purge_step: int | None = None) -> SummaryWriter:
-        # Files sort by their second of creation, then by this suffix: the step they start at (a
-        # name used twice would truncate the first file).
-        self.files += 1
-        return SummaryWriter(self.logdir, purge_step=purge_step,
-                             filename_suffix=f".{step:012d}.{os.getpid()}.{self.files:06d}")
-
-    def save_state(self, path: str, trees: dict, header: dict[str, str], step: int) -> None:
-        """Writes `trees` and `header` to `path` (see `state_bytes`) atomically in the background,
-        once the log up to `step` is on disk. The arrays must not change (JAX's do not)."""
+    def save(self, state, progress: Progress, step: int) -> None:
+        """Writes `state` (a pytree whose arrays do not change: JAX's do not) and `progress`,
+        `step` being the environment step the state is at."""
         self.wait()
-        logged, self.writer = self.writer, self.open(step)
-        self.pending = self.disk.submit(self.write, logged, path, trees, header)
-
-    @staticmethod
-    def write(logged: SummaryWriter, path: str, trees: dict, header: dict[str, str]) -> None:
-        logged.close()  # first the log up to the checkpoint's step, then the checkpoint
-        write_atomically(path, state_bytes(trees, header))
+        self.log.flush()  # first the log up to the checkpoint's step, then the checkpoint
+        kept = sum(s <= step for s in progress.history.steps)  # a non-finite stop: before it
+        history = History(*(np.array(column[:kept], dtype) for column, dtype in
+                            zip(progress.history, (np.int64, np.float64, np.float64))))
+        header = self.header | {"iteration": progress.iteration,
+                                "train_seconds": progress.train_seconds}
+        header = {name: json.dumps(value) for name, value in header.items()}
+        trees = {"runner": state, "history": history}
+        self.pending = self.disk.submit(
+            lambda: write_atomically(self.path, state_bytes(trees, header)))
 
     def wait(self) -> None:
         """Returns once the last checkpoint is on disk; raises what its write raised."""
@@ -232,8 +142,49 @@ class RunLog:
         try:
             self.wait()
         finally:
-            self.writer.close()
             self.disk.shutdown()
 
-    def __getattr__(self, name):
-        return getattr(self.writer, name)
+
+def read_checkpoint(script: str, run_dir: str) -> tuple[str, dict, dict]:
+    """(path, tensors, header) of `run_dir`'s checkpoint if this code can resume it, else
+    ValueError."""
+    path = os.path.join(run_dir, CHECKPOINT)
+    if not os.path.isdir(run_dir):
+        raise ValueError(f"--resume {run_dir}: no such run directory")
+    status = None  # a run killed outright has no summary.json
+    try:
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            status = json.load(f)["status"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    if status == "completed":
+        raise ValueError(f"--resume {run_dir}: that run completed; nothing to resume")
+    if not os.path.exists(path):
+        raise ValueError(f"--resume {run_dir} has no {CHECKPOINT} (it ran with "
+                         f"--checkpoint-every 0, or stopped before its first)")
+    tensors, header = read_safetensors(path, "--resume")
+    if header.get("format") != json.dumps(checkpoint_format(script)):
+        raise ValueError(f"{path} is not a checkpoint of this script")
+    if header_value(path, header, "code") != code_version(script):
+        raise ValueError(f"{path} was written by another version of "
+                         f"{os.path.basename(script)} or utils/; resume it with the code that "
+                         f"wrote it")
+    return path, tensors, header
+
+
+def read_checkpoint_args(script: str, run_dir: str) -> dict:
+    path, _, header = read_checkpoint(script, run_dir)
+    return header_value(path, header, "args")
+
+
+def load_checkpoint(script: str, run_dir: str, like, shardings) -> tuple[object, Progress]:
+    """The training state (placed on `shardings`) and Progress of `run_dir`'s checkpoint; `like`
+    gives the state's structure, shapes and dtypes."""
+    path, tensors, header = read_checkpoint(script, run_dir)
+    state = jax.device_put(restore(path, tensors, header, "runner", like), shardings)
+    if any(f"history.{name}" not in tensors for name in History._fields):
+        raise ValueError(f"{path} has no learning curve: it is not a checkpoint of this script")
+    history = History(*(tensors[f"history.{name}"].tolist() for name in History._fields))
+    remove_partial_writes(run_dir)  # of a run killed while writing a checkpoint
+    return state, Progress(header_value(path, header, "iteration"), history,
+                           header_value(path, header, "train_seconds"))

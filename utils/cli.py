@@ -1,12 +1,15 @@
-"""What the scripts share around a run: parsing with one-line errors, run directories that never clash,
-stopping cleanly on Ctrl-C, and summary.json. None of it touches the algorithm."""
+"""What the scripts share around a run: parsing with one-line errors, the checks of the arguments
+every training script has, run directories that never clash, stopping cleanly on Ctrl-C, and
+summary.json. None of it touches the algorithm."""
 
 import contextlib
 import dataclasses
 import io
 import itertools
 import json
+import math
 import os
+import re
 import signal
 import sys
 import time
@@ -78,6 +81,76 @@ def parse_args(args_type: type, check_args: Callable, description: str,
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     return args
+
+
+def check_run_args(args) -> str | None:
+    """What is wrong with the arguments every training script shares, or None: the seed, the run's
+    name, the devices, the compilation cache, checkpoints, the environment, and whether the memory
+    the run needs is there. Reads the fields of those names from `args`."""
+    import jax  # here: parsing the command line needs no JAX
+
+    from utils.env import check_env_id
+
+    if not 0 <= args.seed < 2**32:  # jax.random.key takes a 32-bit seed
+        return f"--seed must be in [0, {2**32 - 1}], got {args.seed}"
+    plain_name = re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", args.exp_name)
+    if not plain_name or ".." in args.exp_name:
+        return (f"--exp-name must be a plain name of letters, digits, '_', '-' and '.' (no path, "
+                f"no '..', at most 100 characters), got {args.exp_name!r}")
+    if args.num_devices < 0:
+        return f"--num-devices must be 0 (automatic) or positive, got {args.num_devices}"
+    if args.num_devices > len(jax.devices()):
+        return (f"--num-devices {args.num_devices} is more than the {len(jax.devices())} devices "
+                f"JAX has")
+    cache_dir = os.path.expanduser(args.jax_cache_dir)
+    if args.jax_cache_dir and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
+        return f"--jax-cache-dir {args.jax_cache_dir} exists and is not a directory"
+    if args.checkpoint_every < 0:
+        return f"--checkpoint-every must be 0 (never) or positive, got {args.checkpoint_every}"
+    error = check_env_id(args.env_id, args.conv_channels)
+    if error:
+        return error
+    training, evaluation = estimate_memory_bytes(args)
+    available = available_memory_bytes()
+    if training > available:
+        return (f"training would need about {training / 2**30:,.1f} GiB of memory (--num-envs x "
+                f"--num-steps, --hidden-sizes) and {available / 2**30:,.1f} GiB are available")
+    if evaluation > available:
+        return (f"--eval-episodes {args.eval_episodes} would need about "
+                f"{evaluation / 2**30:,.1f} GiB of memory to play all episodes at once and "
+                f"{available / 2**30:,.1f} GiB are available")
+    return None
+
+
+def estimate_memory_bytes(args) -> tuple[int, int]:
+    """Generous estimates of the peak memory of (training, evaluation) of a network of the scripts'
+    family (a convolution over the grid, then an MLP torso) trained on rollouts of num_envs x
+    num_steps in num_minibatches: a few copies of what the rollout, a minibatch step and the
+    evaluation's episodes hold at once. Traced, not run: nothing compiles."""
+    import jax
+
+    from utils.env import make_env
+
+    env, env_params = make_env(args.env_id, 0.0)
+    obs, state = jax.eval_shape(lambda: env.reset(jax.random.key(0), env_params))
+
+    def nbytes(tree) -> int:
+        return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+    torso_input = math.prod(obs.shape)
+    if args.conv_channels:  # the torso reads the convolution's pooled grid
+        torso_input = obs.shape[0] // 2 * (obs.shape[1] // 2) * args.conv_channels
+    layer_inputs = [torso_input] + [2 * width for width in args.hidden_sizes]  # CReLU: 2x
+    num_params = sum(i * o for i, o in zip(layer_inputs, [*args.hidden_sizes, env.num_actions + 1]))
+    if args.conv_channels:  # its filters, and its output over the whole grid
+        num_params += 9 * obs.shape[-1] * args.conv_channels
+        layer_inputs.append(math.prod(obs.shape[:2]) * args.conv_channels)
+    features = 4 * sum(layer_inputs)  # bytes per sample
+    sample = nbytes(obs) + 4 * (env.num_actions + 8)
+    rollout = args.num_envs * args.num_steps * sample + args.num_envs * (nbytes(state) + features)
+    minibatch = args.num_envs * args.num_steps // args.num_minibatches * features
+    training = 4 * (rollout + minibatch + 8 * num_params)
+    return training, 2 * args.eval_episodes * (2 * nbytes(obs) + nbytes(state) + features)
 
 
 def available_memory_bytes() -> int:

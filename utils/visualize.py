@@ -8,7 +8,6 @@ binary channel per kind of object, drawn here one colour per channel.
 
 import concurrent.futures
 import io
-import os
 
 import jax
 import matplotlib
@@ -17,9 +16,8 @@ matplotlib.use("Agg")  # write files, never open a window
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
-from tensorboardX.proto.summary_pb2 import Summary  # noqa: E402
 
-from utils import evaluation  # noqa: E402
+from utils import evaluation, logger  # noqa: E402
 from utils.evaluation import EVALUATION_PAIRS, EVALUATIONS  # noqa: E402
 
 # Each MinAtar game's observation channels, in gymnax's order, with MinAtar's names.
@@ -241,37 +239,6 @@ def figure_to_png(fig: plt.Figure) -> bytes:
     return buffer.getvalue()
 
 
-def log_encoded_image(writer, tag: str, data: bytes, step: int) -> None:
-    """An encoded PNG or GIF as a TensorBoard image (TensorBoard plays GIFs), without decoding it."""
-    width, height = Image.open(io.BytesIO(data)).size
-    image = Summary.Image(height=height, width=width, colorspace=3, encoded_image_string=data)
-    writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
-
-
-def write_picture(writer, run_dir: str, name: str, tag: str, data: bytes, step: int) -> None:
-    """An encoded picture into the run directory (as `name`) and into TensorBoard (as `tag`)."""
-    with open(os.path.join(run_dir, name), "wb") as f:
-        f.write(data)
-    log_encoded_image(writer, tag, data, step)
-
-
-def log_scalars(writer, scalars: dict, step: int) -> None:
-    """Scalars of one step as one TensorBoard event: one write to the writer's queue instead of one a tag."""
-    values = [Summary.Value(tag=tag, simple_value=float(value)) for tag, value in scalars.items()]
-    writer.file_writer.add_summary(Summary(value=values), step)
-
-
-def log_histograms(writer, histograms: dict, step: int) -> None:
-    """Histograms given as {name: {"counts", "edges"}} (fixed bins counted inside jit), under histograms/."""
-    for name, h in histograms.items():
-        centres = (h["edges"][1:] + h["edges"][:-1]) / 2
-        if h["counts"].sum() > 0 and np.isfinite(h["edges"]).all():
-            writer.add_histogram_raw(
-                f"histograms/{name}", min=h["edges"][0], max=h["edges"][-1], num=h["counts"].sum(),
-                sum=(centres * h["counts"]).sum(), sum_squares=(centres**2 * h["counts"]).sum(),
-                bucket_limits=h["edges"][1:].tolist(), bucket_counts=h["counts"].tolist(), global_step=step)
-
-
 def report_evaluations(results: dict, writer, run_dir: str, step: int, title: str, env_id: str) -> dict:
     """Prints, logs and draws (play.gif, behaviour.png) the final evaluations, `results` holding each of
     EVALUATION_PAIRS' results stacked, by policy; returns summary.json's `eval`: the results of
@@ -300,8 +267,23 @@ def report_evaluations(results: dict, writer, run_dir: str, step: int, title: st
             print(f"eval ({mode:>7}{', ' + protocol.replace('_', ' ') if protocol else ''}, "
                   f"{len(result.returns)} episodes): return {numbers['mean']:.2f} ± {numbers['std']:.2f}, "
                   f"{numbers['distinct_episodes']} distinct")
-        write_picture(writer, run_dir, "behaviour.png", "eval/behaviour",
+        logger.write_picture(writer, run_dir, "behaviour.png", "eval/behaviour",
                       figure_to_png(behaviour_figure(labelled, breakout, title)), step)
         if gif.result() is not None:
-            write_picture(writer, run_dir, "play.gif", "eval/play", gif.result(), step)
+            logger.write_picture(writer, run_dir, "play.gif", "eval/play", gif.result(), step)
     return {**by_protocol.pop(""), **by_protocol}
+
+
+def evaluate_and_draw(play, params, history, log, run_dir: str, step: int, title: str,
+                      env_id: str) -> dict:
+    """Plays the final evaluations (`play(params, policy)`, from
+    evaluation.compile_final_evaluation) and draws them and the learning curve; summary.json's
+    `eval`. The devices play the sampled pair while the host draws the learning curve (a call waits
+    for a device that is still busy, so the greedy pair is queued after the drawing)."""
+    results = {"sampled": play(params, "sampled")}
+    if history.steps:
+        figure = learning_curve_figure(*history, title)
+        logger.write_picture(log, run_dir, "learning_curve.png", "charts/learning_curve",
+                             figure_to_png(figure), step)
+    results["greedy"] = play(params, "greedy")
+    return report_evaluations(results, log, run_dir, step, f"{title}, step {step:,}", env_id)
