@@ -1,6 +1,6 @@
-"""Tests of benchmarks/make_tables.py: the docs' tables are the committed JSON's, and a stale one is caught."""
+"""Tests of benchmarks/make_tables.py: the docs' tables are the committed JSON's, a stale one is
+caught, and the README's results ran with today's defaults."""
 
-import json
 import os
 import subprocess
 import sys
@@ -14,57 +14,67 @@ from benchmarks import make_tables, stats  # noqa: E402
 
 
 def test_committed_docs_hold_the_tables_of_the_committed_json():
-    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "make_tables.py"), "--check"],
-                            capture_output=True, text=True, timeout=300)
+    script = os.path.join(ROOT, "benchmarks", "make_tables.py")
+    result = subprocess.run([sys.executable, script, "--check"], capture_output=True, text=True,
+                            timeout=300)
     assert result.returncode == 0, result.stderr
 
 
 def test_a_block_is_replaced_whole_and_the_text_around_it_kept(monkeypatch):
-    monkeypatch.setitem(make_tables.TABLES, "speed", lambda: "| new |\n|---|")
+    monkeypatch.setitem(make_tables.RENDERERS, "fake", lambda table: "| new |\n|---|")
+    by_id = {"speed": {"id": "speed", "kind": "fake"}}
     doc = "before\n<!-- begin: speed -->\n| old |\n| stale row |\n<!-- end: speed -->\nafter\n"
-    assert make_tables.with_tables(doc) == "before\n<!-- begin: speed -->\n| new |\n|---|\n<!-- end: speed -->\nafter\n"
+    assert make_tables.with_tables(doc, by_id) == (
+        "before\n<!-- begin: speed -->\n| new |\n|---|\n<!-- end: speed -->\nafter\n")
     empty = "<!-- begin: speed -->\n<!-- end: speed -->"  # a new page's block is filled too
-    assert make_tables.with_tables(empty) == "<!-- begin: speed -->\n| new |\n|---|\n<!-- end: speed -->"
+    assert make_tables.with_tables(empty, by_id) == (
+        "<!-- begin: speed -->\n| new |\n|---|\n<!-- end: speed -->")
+
+
+FAKE = {"a.json": {"seeds": [1, 2, 3, 4], "eval_returns": [100.0, 100.0, 10.0, 20.0],
+                   "eval_returns_minatar": [1.0, 2.0, 3.0, 4.0], "changed_args": {},
+                   "ppo_args": {"gae_lambda": 0.9, "env_id": "Breakout-MinAtar"}},
+        "b.json": {"seeds": [3, 4], "eval_returns": [30.0, 40.0],
+                   "eval_returns_minatar": [5.0, 6.0],
+                   "changed_args": {"gae_lambda": 0.95},
+                   "ppo_args": {"gae_lambda": 0.95, "env_id": "Breakout-MinAtar"}}}
+PAIRED = {"kind": "results", "head": "| h |", "rule": "|---|",
+          "cells": ["{changed}", "{changed_value}", "{seeds}", "{mean:g}", "{diff:g}", "{game}"],
+          "rows": [{"file": "b.json", "base": "a.json"}]}
 
 
 def test_check_fails_on_a_stale_table(tmp_path, monkeypatch):
     page = tmp_path / "page.md"
-    page.write_text("<!-- begin: confirmation -->\n| typed by hand |\n<!-- end: confirmation -->\n")
+    page.write_text("<!-- begin: paired -->\n| typed by hand |\n<!-- end: paired -->\n")
     monkeypatch.setattr(make_tables, "ROOT", str(tmp_path))
     monkeypatch.setattr(make_tables, "DOCS", ("page.md",))
-    monkeypatch.setattr(make_tables, "load", lambda *parts: _fake_confirmation())
+    monkeypatch.setattr(make_tables, "load", lambda path: FAKE[path])
+    monkeypatch.setattr(make_tables, "manifest", lambda: {"table": [dict(PAIRED, id="paired")]})
     monkeypatch.setattr(sys, "argv", ["make_tables.py", "--check"])
     with pytest.raises(SystemExit) as exit_:
         make_tables.main()
     assert exit_.value.code == 1
 
 
-def _fake_confirmation() -> dict:
-    return {"seeds": [1, 2, 3, 4], "eval_returns": [10.0, 20.0, 30.0, 40.0], "timing": {"train_seconds": 1.0},
-            "command": "python benchmarks/tune.py"}
-
-
-def test_evidence_rows_compare_on_the_alternatives_seeds(monkeypatch):
-    # The defaults ran seeds 1-4, the alternative seeds 3-4: the comparison must use the defaults' 3-4.
-    defaults = {"seeds": [1, 2, 3, 4], "eval_returns": [100.0, 100.0, 10.0, 20.0]}
-    alternative = {"seeds": [3, 4], "eval_returns": [30.0, 40.0], "changed_args": {"gae_lambda": 0.95}}
-    files = {make_tables.EVIDENCE_DEFAULTS: defaults, "gae_lambda_0.95.json": alternative}
-    monkeypatch.setattr(make_tables, "EVIDENCE", [("--ppo.gae-lambda 0.95", 2)])
-    monkeypatch.setattr(make_tables, "load", lambda *parts: files[parts[-1]])
-    row = make_tables.evidence_table().splitlines()[-1]
+def test_a_row_compares_with_its_baseline_on_the_rows_seeds(monkeypatch):
+    # The baseline ran seeds 1-4, the row seeds 3-4: the comparison must use the baseline's 3-4.
+    monkeypatch.setattr(make_tables, "load", lambda path: FAKE[path])
+    row = make_tables.results_table(PAIRED).splitlines()[-1]
     difference = stats.compare(np.array([10.0, 20.0]), np.array([30.0, 40.0]))["mean_difference"]
-    assert f"{difference['value']:+.1f}" == "+20.0" and "+20.0" in row
-    assert "| 3-4 |" in row and "| `gae_lambda` 0.9 | 0.95 |" in row
+    mean = stats.summarize(np.array([30.0, 40.0]))["mean"]
+    assert row == (f"| `gae_lambda` 0.9 | 0.95 | 3-4 | {make_tables.ci(mean)} "
+                   f"| {make_tables.ci(difference, '{:+.1f}')} | Breakout |")
+    assert f"{difference['value']:+.1f}" == "+20.0"
 
 
-def test_every_evidence_file_holds_the_setting_its_command_names():
-    for flags, num_seeds in make_tables.EVIDENCE:
-        with open(os.path.join(ROOT, make_tables.RESULTS, "evidence", make_tables.evidence_file(flags))) as f:
-            result = json.load(f)
-        assert len(result["seeds"]) == num_seeds, flags
-        (name, value), = result["changed_args"].items()
-        assert flags.split()[0] == "--ppo." + name.replace("_", "-"), flags
-        assert " ".join(map(str, value if isinstance(value, list) else [value])) == " ".join(flags.split()[1:])
+def test_per_protocol_rows_and_pooled_files(monkeypatch):
+    monkeypatch.setattr(make_tables, "load", lambda path: FAKE[path])
+    table = {"kind": "results", "head": "| h |", "rule": "|---|", "per_protocol": True,
+             "cells": ["{protocol}", "{per_seed:p}", "{n}"],
+             "rows": [{"file": ["a.json", "b.json"]}]}
+    assert make_tables.results_table(table).splitlines()[2:] == [
+        "| gymnax's | 100.0, 100.0, 10.0, 20.0, 30.0, 40.0 | 6 |",
+        "| MinAtar's | 1.0, 2.0, 3.0, 4.0, 5.0, 6.0 | 6 |"]
 
 
 @pytest.fixture(scope="module")
@@ -99,23 +109,64 @@ def test_script_speed_refuses_bad_input_with_one_line_before_running_anything(
     assert existing.read_text() == "{}" and os.listdir(tmp_path) == ["kept.json"]
 
 
-def test_commands_of_results_from_before_a_change_of_defaults_pin_the_earlier_values():
-    old = {"layer_norm": False, "sticky_action_prob": 0.0}
-    assert make_tables.pinned("python benchmarks/tune.py --out a.json", old) == (
-        "python benchmarks/tune.py --out a.json --ppo.no-layer-norm --ppo.sticky-action-prob 0.0"
-        " --ppo.conv-channels 0")  # a run from before the convolution records no conv_channels
-    assert make_tables.pinned("python benchmarks/tune.py --out a.json", None).endswith(
-        "--ppo.no-layer-norm --ppo.sticky-action-prob 0.0 --ppo.conv-channels 0")  # older files record none
-    today = {"layer_norm": True, "sticky_action_prob": 0.1, "conv_channels": 8}
-    assert make_tables.pinned("python benchmarks/tune.py --out b.json", today) == (
-        "python benchmarks/tune.py --out b.json")
-    # A flag the command gives itself stays as it is; the script's flags go into --script-args.
-    assert make_tables.pinned("python benchmarks/tune.py --ppo.layer-norm", {"layer_norm": True}) == (
-        "python benchmarks/tune.py --ppo.layer-norm --ppo.sticky-action-prob 0.0 --ppo.conv-channels 0")
-    given = "python benchmarks/tune.py --ppo.sticky-action-prob 0.05 --ppo.conv-channels 0"
-    assert make_tables.pinned(given, {**today, "sticky_action_prob": 0.05, "conv_channels": 0}) == given
-    assert make_tables.pinned("python benchmarks/tune.py", {**today, "conv_channels": 0}) == (
-        "python benchmarks/tune.py --ppo.conv-channels 0")
-    assert make_tables.pinned("python benchmarks/results_table.py '--script-args=--seed 1'", None) == (
-        "python benchmarks/results_table.py '--script-args=--no-layer-norm --sticky-action-prob 0.0"
-        " --conv-channels 0 --seed 1'")
+def test_every_evidence_row_changes_the_one_argument_its_file_names():
+    (evidence,) = [t for t in make_tables.manifest()["table"] if t["id"] == "evidence"]
+    for row in evidence["rows"][1:]:
+        result = make_tables.load(row["file"])
+        (name, value), = result["changed_args"].items()
+        shown = "_".join(map(str, value if isinstance(value, list) else [value]))
+        assert row["file"] == f"evidence/{name}_{shown}.json"
+        assert row["base"] == "evidence/defaults.json"
+
+
+def test_commands_are_rendered_from_the_arguments_the_result_recorded():
+    import ppo_breakout
+    today = {f.name: getattr(ppo_breakout.Args, f.name)
+             for f in make_tables.dataclasses.fields(ppo_breakout.Args) if f.init}
+    today = {k: list(v) if isinstance(v, tuple) else v for k, v in today.items()}
+    run = "python benchmarks/tune.py --out a.json"
+    assert make_tables.command({"command": run, "ppo_args": today}) == run
+    # A record older than a field holds none of it: the manifest says what the run did instead.
+    old = {k: v for k, v in today.items() if k not in ("layer_norm", "sticky_action_prob",
+                                                       "conv_channels")}
+    assert make_tables.command({"command": run, "ppo_args": old}) == (
+        run + " --ppo.no-layer-norm --ppo.sticky-action-prob 0.0 --ppo.conv-channels 0")
+    # Any recorded value other than today's default is pinned; one the command gives stays as is.
+    changed = {**today, "gamma": 0.995, "update_epochs": 2}
+    given = run + " --ppo.update-epochs 2"
+    assert make_tables.command({"command": given, "ppo_args": changed}) == (
+        given + " --ppo.gamma 0.995")
+    # The script itself, and a harness that passes the script's flags in one argument.
+    assert make_tables.command({"command": "python ppo_breakout.py --seed 3",
+                                "args": {**today, "clip_vloss": False}}) == (
+        "python ppo_breakout.py --seed 3 --no-clip-vloss")
+    rows = [{"args": {**today, "ent_coef": 0.02}}]
+    assert make_tables.command({"command": "python benchmarks/results_table.py "
+                                "'--script-args=--env-id Freeway-MinAtar'", "rows": rows}) == (
+        "python benchmarks/results_table.py "
+        "'--script-args=--ent-coef 0.02 --env-id Freeway-MinAtar'")
+    # A script run applies the per-game rows: Asterix's 2 epochs need no flag there, but do in
+    # the harness, which applies none.
+    asterix = {**today, "env_id": "Asterix-MinAtar", "update_epochs": 2}
+    table = "python benchmarks/results_table.py '--script-args=--env-id Asterix-MinAtar'"
+    assert make_tables.command({"command": table, "rows": [{"args": asterix}]}) == table
+    assert make_tables.command({"command": run, "ppo_args": asterix}).endswith(
+        "--ppo.env-id Asterix-MinAtar --ppo.update-epochs 2")
+
+
+def test_the_readmes_results_ran_with_todays_defaults():
+    """Were a default changed, the README's numbers would no longer be what the script gives: rerun
+    them (benchmarks/results/games/readme_*_1M.json, commands in the README) or keep the default."""
+    import ppo_breakout
+    ignore = set(make_tables.manifest()["script"]["ppo_breakout.py"]["ignore"])
+    for game in ("Asterix", "Breakout", "Freeway", "SpaceInvaders", "Seaquest"):
+        for row in make_tables.load(f"games/readme_{game}_1M.json")["rows"]:
+            args = ppo_breakout.Args(env_id=row["args"]["env_id"])
+            for name, value in ppo_breakout.GAME_DEFAULTS.get(args.env_id, {}).items():
+                setattr(args, name, value)
+            for f in make_tables.dataclasses.fields(args):
+                if not f.init or f.name in ignore:
+                    continue
+                today = getattr(args, f.name)
+                today = list(today) if isinstance(today, tuple) else today
+                assert row["args"].get(f.name, "absent") == today, (game, row["seed"], f.name)
