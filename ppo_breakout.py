@@ -6,10 +6,9 @@ GAE, and `update_epochs` x `num_minibatches` gradient steps on the clipped surro
 formed from log-probabilities (see loss_stability.py). The Python loop around it only logs; at the
 end the final policy is evaluated, drawn and saved.
 
-Read it top to bottom: arguments, network, rollout, GAE, loss, update, metrics, then `main` with
-the training loop. The data-parallel wiring and the checks of the arguments sit in marked sections
-before `main`; what every script shares (the environment wrapper, checkpoints, logging, model
-files, evaluation and pictures) is in utils/.
+Read it top to bottom: arguments, network, rollout, GAE, loss, update, metrics, then `main` and
+its training loop. What every script shares (the environment wrapper, checkpoints, logging, model
+files, evaluation, pictures) is in utils/.
 
 Run:  python ppo_breakout.py --total-timesteps 1000000
 Docs: docs/ppo_breakout.md
@@ -17,7 +16,6 @@ Docs: docs/ppo_breakout.md
 
 import dataclasses
 import functools
-import math
 import sys
 import time
 from typing import Any, Literal, NamedTuple
@@ -27,19 +25,18 @@ if __name__ == "__main__":  # before JAX starts: its CPU devices, and a faster s
 
     startup.before_imports()
 
-import haiku as hk  # noqa: E402
-import jax  # noqa: E402
-import jax.flatten_util  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-import rlax  # noqa: E402
-from jax.sharding import Mesh, NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import rlax
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
-from utils import checkpoint, cli, diagnostics, evaluation, layers, model, startup  # noqa: E402
-from utils import training, visualize  # noqa: E402
-from utils.env import default_conv_channels, make_env  # noqa: E402
+from utils import checkpoint, cli, diagnostics, evaluation, layers, model, startup
+from utils import parallel, training, visualize
+from utils.env import default_conv_channels, make_env
 
 
 @dataclasses.dataclass
@@ -104,13 +101,11 @@ class Args:
     """devices the environments are split across (0: two, or one where JAX has one or the batch
     does not split in two); a seed replays the same run only with the same count"""
     jax_cache_dir: str = "~/.cache/jax-ppo"
-    """JAX's persistent compilation cache, so a rerun skips compiling; at most 1 GiB, in a
-    directory no uncapped JAX program writes to ("" turns it off)"""
+    """JAX's persistent compilation cache, so that a rerun skips compiling ("" turns it off)"""
     save_model: bool = True
     """save the final parameters to model.safetensors in the run directory"""
     load_model: str = ""
-    """evaluate this model.safetensors instead of training (its header gives --env-id,
-    --hidden-sizes, --activation and --layer-norm)"""
+    """evaluate this model.safetensors instead of training (its header gives game and network)"""
     checkpoint_every: int = 5
     """write the whole training state to the run directory's checkpoint.safetensors every this many
     iterations and when the run stops (0: never)"""
@@ -128,9 +123,8 @@ class Args:
     """the number of PPO iterations, total_timesteps // batch_size"""
 
 
-# Per-game defaults, only where the evidence shows that one setting cannot serve every game (as
-# rl-zoo3 keeps hyperparameters per environment); a flag on the command line wins over its row.
-# Evidence: docs/tuning.md, "Cheap changes, and a replication".
+# Per-game defaults, only where the evidence shows that one setting cannot serve every game (as in
+# rl-zoo3); a flag on the command line wins over its row. Evidence: docs/tuning.md.
 GAME_DEFAULTS = {
     "Asterix-MinAtar": {"update_epochs": 2},  # better on Asterix, worse on Breakout
 }
@@ -517,25 +511,6 @@ ITERATION_SPECS = Iteration(
     batch=P("envs"), infos=P("envs"))
 
 
-def make_mesh(num_devices: int) -> Mesh:
-    return Mesh(np.array(jax.devices()[:num_devices]), ("envs",))
-
-
-def make_runner_shardings(mesh: Mesh) -> RunnerState:
-    is_spec = lambda x: isinstance(x, P)  # noqa: E731
-    return jax.tree.map(lambda spec: NamedSharding(mesh, spec), RUNNER_SPECS, is_leaf=is_spec)
-
-
-def with_mean_gradient(optimizer: optax.GradientTransformation) -> optax.GradientTransformation:
-    """`optimizer`, stepping with the mean of the devices' gradients (one collective for the whole
-    gradient), so that every device takes the same step and the parameters stay replicated."""
-    def update(grads, state, params=None):
-        flat, unravel = jax.flatten_util.ravel_pytree(grads)
-        return optimizer.update(unravel(jax.lax.pmean(flat, "envs")), state, params)
-
-    return optax.GradientTransformation(optimizer.init, update)
-
-
 def moments_over_devices(advantages: jax.Array) -> tuple[jax.Array, jax.Array]:
     """`minibatch_moments` of the whole minibatches, every device holding a share of each (one
     collective an epoch)."""
@@ -550,7 +525,8 @@ def make_parallel_update_step(args: Args, env, env_params, network: hk.Transform
     mean gradient: each step is the one-device step on the whole minibatch. The metrics are then
     computed on the devices' iterations put together, XLA adding the reductions."""
     ppo_iteration = make_ppo_iteration(args, env, env_params, network,
-                                       with_mean_gradient(optimizer), moments_over_devices)
+                                       parallel.with_mean_gradient(optimizer),
+                                       moments_over_devices)
 
     def device_iteration(runner: RunnerState) -> tuple[RunnerState, Iteration]:
         shared_key, own_key = jax.random.split(runner.key)
@@ -581,51 +557,20 @@ ADDED_ARGS = {"conv_channels": 0}
 
 def check_args(args: Args) -> str | None:
     """What is wrong with `args`, or None; runs before anything is compiled or written."""
-    flag = cli.flag
-    for name in ("total_timesteps", "num_envs", "num_steps", "num_minibatches", "update_epochs",
-                 "eval_episodes"):
-        if getattr(args, name) <= 0:
-            return f"{flag(name)} must be positive, got {getattr(args, name)}"
-    # `not x > 0` rather than `x <= 0`: NaN fails every comparison; math.isfinite turns away inf.
-    for name in ("learning_rate", "max_grad_norm"):
-        if not (getattr(args, name) > 0 and math.isfinite(getattr(args, name))):
-            return f"{flag(name)} must be a positive finite number, got {getattr(args, name)}"
-    for name in ("ent_coef", "vf_coef"):
-        if not (getattr(args, name) >= 0 and math.isfinite(getattr(args, name))):
-            return f"{flag(name)} must be a non-negative finite number, got {getattr(args, name)}"
-    for name in ("gamma", "gae_lambda"):
-        if not 0 <= getattr(args, name) <= 1:
-            return f"{flag(name)} must be in [0, 1], got {getattr(args, name)}"
+    error = cli.check_numbers(
+        args, positive=("update_epochs",), positive_finite=("learning_rate", "max_grad_norm"),
+        non_negative_finite=("ent_coef", "vf_coef"), unit_interval=("gamma", "gae_lambda"))
+    if error:
+        return error
     if not 0 < args.clip_coef <= 1:
         return f"--clip-coef must be in (0, 1], got {args.clip_coef}"
-    if not 0 <= args.sticky_action_prob < 1:
-        return f"--sticky-action-prob must be in [0, 1), got {args.sticky_action_prob}"
-    if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
-        return f"--hidden-sizes must be one or more positive widths, got {args.hidden_sizes}"
-    if args.conv_channels < 0:
-        return f"--conv-channels must be 0 (none) or positive, got {args.conv_channels}"
-    batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches:
-        return (f"the batch (num_envs * num_steps = {batch_size}) does not divide into "
-                f"--num-minibatches {args.num_minibatches}")
-    if args.total_timesteps < batch_size:
-        return (f"--total-timesteps {args.total_timesteps} is less than one batch "
-                f"(num_envs * num_steps = {batch_size})")
-    num_updates = args.total_timesteps // batch_size * args.update_epochs * args.num_minibatches
-    if num_updates >= 2**31:  # optax counts gradient steps (schedule, Adam's bias fix) in int32
-        return (f"{num_updates:,} gradient steps (--total-timesteps / batch x --update-epochs x "
-                f"--num-minibatches) is more than the optimizer can count ({2**31 - 1:,})")
-    minibatch_size = batch_size // args.num_minibatches
-    if args.num_devices and (args.num_envs % args.num_devices or minibatch_size % args.num_devices):
-        return (f"--num-devices {args.num_devices} must divide both --num-envs {args.num_envs} and "
-                f"the minibatch size {batch_size // args.num_minibatches}")
-    return cli.check_run_args(args)  # the seed, names, devices, paths, environment and memory
+    # The rollout's shape, the seed, names, devices, paths, network, environment and memory.
+    return cli.check_run_args(args)
 
 
 def take_saved_args(args: Args, given: set[str]) -> str | None:
-    """--load-model and --resume bring the arguments they were saved with (utils/training.py);
-    otherwise the game's row of GAME_DEFAULTS fills the fields the command line leaves unset. An
-    error, or None."""
+    """--load-model and --resume bring the arguments they were saved with; otherwise the game's
+    row of GAME_DEFAULTS fills the fields the command line leaves unset. An error, or None."""
     if args.load_model or args.resume:
         return training.take_saved_args(__file__, args, given, NETWORK_ARGS, ADDED_ARGS)
     for name, value in GAME_DEFAULTS.get(args.env_id, {}).items():
@@ -640,9 +585,7 @@ def fill_runtime_fields(args: Args) -> Args:
     args.batch_size = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
-    if not args.num_devices:  # two wherever JAX has two: then a seed is one run on any CPU count
-        fits = args.num_envs % 2 == 0 and args.minibatch_size % 2 == 0
-        args.num_devices = 2 if fits and len(jax.devices()) >= 2 else 1
+    args.num_devices = cli.default_num_devices(args)
     return args
 
 
@@ -669,15 +612,15 @@ def main() -> None:
                              NETWORK_ARGS, ADDED_ARGS)
     else:
         optimizer = make_optimizer(args)
-        mesh = make_mesh(args.num_devices)
+        mesh = parallel.make_mesh(args.num_devices)
         init = jax.jit(functools.partial(init_runner, env=env, env_params=env_params,
                                          network=network, optimizer=optimizer,
                                          num_envs=args.num_envs),
-                       out_shardings=make_runner_shardings(mesh))
+                       out_shardings=parallel.shardings(mesh, RUNNER_SPECS))
         if args.resume:  # read before anything is written
             runner, start = cli.or_exit(checkpoint.load_checkpoint, __file__, args.resume,
                                         jax.eval_shape(init, runner_key),
-                                        make_runner_shardings(mesh))
+                                        parallel.shardings(mesh, RUNNER_SPECS))
         else:
             runner = init(runner_key)
         update_step = make_parallel_update_step(args, env, env_params, network, optimizer, mesh)
@@ -705,20 +648,11 @@ def main() -> None:
             run.finish(runner)
             params = runner.train_state.params
 
-        # Evaluate the final policy under both protocols, and draw it.
+        # Evaluate the final policy under both protocols, draw it, and save it.
         if run.completed:
-            eval_start = time.time()
-            title = f"{args.env_id}, seed {args.seed}"
-            run.summary["eval"] = visualize.evaluate_and_draw(
-                play, params, run.history, run.log, run.run_dir, run.global_step, title,
-                args.env_id)
-            run.summary.update(eval_episodes=args.eval_episodes,
-                               eval_seconds=time.time() - eval_start)
-
-        # Save the final parameters, with the arguments that rebuild the network.
+            run.evaluate(play, params)
         if args.save_model and not args.load_model:
-            run.summary["model"] = model.save_run_model(run.run_dir, args, params, NETWORK_ARGS,
-                                                        run.global_step)
+            run.save_model(params, NETWORK_ARGS)
     sys.exit(run.exit_code)
 
 

@@ -29,7 +29,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import ppo_breakout as ppo
 from probe_envs import ProbeEnv
-from utils import checkpoint, cli, diagnostics, files, layers, logger, startup, visualize
+from utils import checkpoint, cli, diagnostics, files, layers, logger, parallel, startup, visualize
 from utils import model as model_file
 from utils.env import StickyActions, StickyParams
 from utils.evaluation import evaluate
@@ -376,7 +376,7 @@ def test_rollout_value_of_final_obs_per_device_and_under_vmap():
         any_truncated = [group.any(axis=1) for group in groups(np.asarray(traj.truncated))]
         assert (any_truncated[0] != any_truncated[1]).any()  # the cond went both ways on one step
 
-    on_devices = jax.jit(jax.shard_map(rollout, mesh=ppo.make_mesh(2), in_specs=(ppo.RUNNER_SPECS,),
+    on_devices = jax.jit(jax.shard_map(rollout, mesh=parallel.make_mesh(2), in_specs=(ppo.RUNNER_SPECS,),
                                        out_specs=P(None, "envs"), check_vma=False))
     check(on_devices(probe_runner(jax.random.key(1), num_envs)),
           lambda x: (x[:, :num_envs // 2], x[:, num_envs // 2:]))
@@ -548,7 +548,7 @@ def test_training_diagnostics_against_numpy_on_one_and_two_devices():
     single = jax.jit(diagnostics.training_diagnostics)(batch, active.any(axis=0), log_ratio)
     # The same, with the batch and log-ratios split over two devices as the data-parallel step
     # leaves them: XLA adds the reductions.
-    mesh = ppo.make_mesh(2)
+    mesh = parallel.make_mesh(2)
     parallel = jax.jit(diagnostics.training_diagnostics)(
         jax.device_put(batch, NamedSharding(mesh, P("envs"))), active.any(axis=0),
         jax.device_put(log_ratio, NamedSharding(mesh, P(None, None, "envs"))))
@@ -590,9 +590,9 @@ def test_data_parallel_epoch_equals_the_single_device_epoch_on_the_whole_minibat
     epoch = functools.partial(ppo.update_epoch, network=network, args=args)
     (single, _), _ = jax.jit(functools.partial(epoch, optimizer=optimizer))(train_state, key, mb)
     step = jax.shard_map(
-        functools.partial(epoch, optimizer=ppo.with_mean_gradient(optimizer),
+        functools.partial(epoch, optimizer=parallel.with_mean_gradient(optimizer),
                           moments=ppo.moments_over_devices),
-        mesh=ppo.make_mesh(2), in_specs=(P(), P(), P("envs")), out_specs=(P(), P()),
+        mesh=parallel.make_mesh(2), in_specs=(P(), P(), P("envs")), out_specs=(P(), P()),
         check_vma=False)
     (parallel, _), _ = jax.jit(step)(train_state, key, mb)
 
@@ -610,10 +610,10 @@ def test_parallel_update_step_keeps_every_device_on_the_same_parameters():
     env, env_params = gymnax.make(args.env_id)
     network = ppo.make_network(3, args.hidden_sizes, args.activation, args.layer_norm)
     optimizer = ppo.make_optimizer(args)
-    mesh = ppo.make_mesh(2)
+    mesh = parallel.make_mesh(2)
     runner = jax.jit(functools.partial(ppo.init_runner, env=env, env_params=env_params, network=network,
                                        optimizer=optimizer, num_envs=args.num_envs),
-                     out_shardings=ppo.make_runner_shardings(mesh))(jax.random.key(0))
+                     out_shardings=parallel.shardings(mesh, ppo.RUNNER_SPECS))(jax.random.key(0))
     update_step = ppo.make_parallel_update_step(args, env, env_params, network, optimizer, mesh)
     start = runner.train_state.params
     for _ in range(args.num_iterations):

@@ -93,7 +93,7 @@ def restore(path: str, tensors: dict[str, np.ndarray], header: dict[str, str], p
 
 
 # --------------------------------------------------------------------------------------------------
-# A run's checkpoint: its state, learning curve, progress and arguments, under the code that wrote it
+# A run's checkpoint: its state, learning curve, progress and arguments and code
 # --------------------------------------------------------------------------------------------------
 def checkpoint_format(script: str) -> str:
     return f"{os.path.splitext(os.path.basename(script))[0]} checkpoint 1"

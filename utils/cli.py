@@ -83,14 +83,55 @@ def parse_args(args_type: type, check_args: Callable, description: str,
     return args
 
 
+def check_numbers(args, positive=(), positive_finite=(), non_negative_finite=(),
+                  unit_interval=()) -> str | None:
+    """What is wrong with the fields of `args` named in each group, or None."""
+    for name in positive:
+        if getattr(args, name) <= 0:
+            return f"{flag(name)} must be positive, got {getattr(args, name)}"
+    # `not x > 0` rather than `x <= 0`: NaN fails every comparison; math.isfinite turns away inf.
+    for name in positive_finite:
+        if not (getattr(args, name) > 0 and math.isfinite(getattr(args, name))):
+            return f"{flag(name)} must be a positive finite number, got {getattr(args, name)}"
+    for name in non_negative_finite:
+        if not (getattr(args, name) >= 0 and math.isfinite(getattr(args, name))):
+            return f"{flag(name)} must be a non-negative finite number, got {getattr(args, name)}"
+    for name in unit_interval:
+        if not 0 <= getattr(args, name) <= 1:
+            return f"{flag(name)} must be in [0, 1], got {getattr(args, name)}"
+    return None
+
+
 def check_run_args(args) -> str | None:
-    """What is wrong with the arguments every training script shares, or None: the seed, the run's
-    name, the devices, the compilation cache, checkpoints, the environment, and whether the memory
-    the run needs is there. Reads the fields of those names from `args`."""
+    """What is wrong with the arguments every training script shares, or None: the rollout's shape
+    (num_envs x num_steps, cut into num_minibatches, for update_epochs), the seed, the run's name,
+    the devices, the compilation cache, checkpoints, the network, the environment, and whether
+    the memory the run needs is there. Reads the fields of those names from `args`."""
     import jax  # here: parsing the command line needs no JAX
 
     from utils.env import check_env_id
 
+    error = check_numbers(args, positive=("total_timesteps", "num_envs", "num_steps",
+                                          "num_minibatches", "update_epochs", "eval_episodes"))
+    if error:
+        return error
+    if not 0 <= args.sticky_action_prob < 1:
+        return f"--sticky-action-prob must be in [0, 1), got {args.sticky_action_prob}"
+    if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
+        return f"--hidden-sizes must be one or more positive widths, got {args.hidden_sizes}"
+    if args.conv_channels < 0:
+        return f"--conv-channels must be 0 (none) or positive, got {args.conv_channels}"
+    batch_size = args.num_envs * args.num_steps
+    if batch_size % args.num_minibatches:
+        return (f"the batch (num_envs * num_steps = {batch_size}) does not divide into "
+                f"--num-minibatches {args.num_minibatches}")
+    if args.total_timesteps < batch_size:
+        return (f"--total-timesteps {args.total_timesteps} is less than one batch "
+                f"(num_envs * num_steps = {batch_size})")
+    num_updates = args.total_timesteps // batch_size * args.update_epochs * args.num_minibatches
+    if num_updates >= 2**31:  # optax counts gradient steps (schedule, Adam's bias fix) in int32
+        return (f"{num_updates:,} gradient steps (--total-timesteps / batch x --update-epochs x "
+                f"--num-minibatches) is more than the optimizer can count ({2**31 - 1:,})")
     if not 0 <= args.seed < 2**32:  # jax.random.key takes a 32-bit seed
         return f"--seed must be in [0, {2**32 - 1}], got {args.seed}"
     plain_name = re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", args.exp_name)
@@ -102,6 +143,10 @@ def check_run_args(args) -> str | None:
     if args.num_devices > len(jax.devices()):
         return (f"--num-devices {args.num_devices} is more than the {len(jax.devices())} devices "
                 f"JAX has")
+    minibatch_size = batch_size // args.num_minibatches
+    if args.num_devices and (args.num_envs % args.num_devices or minibatch_size % args.num_devices):
+        return (f"--num-devices {args.num_devices} must divide both --num-envs {args.num_envs} and "
+                f"the minibatch size {minibatch_size}")
     cache_dir = os.path.expanduser(args.jax_cache_dir)
     if args.jax_cache_dir and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
         return f"--jax-cache-dir {args.jax_cache_dir} exists and is not a directory"
@@ -120,6 +165,18 @@ def check_run_args(args) -> str | None:
                 f"{evaluation / 2**30:,.1f} GiB of memory to play all episodes at once and "
                 f"{available / 2**30:,.1f} GiB are available")
     return None
+
+
+def default_num_devices(args) -> int:
+    """--num-devices, or where it is 0, two wherever JAX has two and the environments and
+    minibatches split in two (then a seed is one run on any CPU count), else one."""
+    import jax
+
+    if args.num_devices:
+        return args.num_devices
+    minibatch_size = args.num_envs * args.num_steps // args.num_minibatches
+    fits = args.num_envs % 2 == 0 and minibatch_size % 2 == 0
+    return 2 if fits and len(jax.devices()) >= 2 else 1
 
 
 def estimate_memory_bytes(args) -> tuple[int, int]:

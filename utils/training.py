@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from utils import cli, logger, model
+from utils import cli, logger, model, visualize
 from utils.checkpoint import Checkpointer, Progress, fresh_start, read_checkpoint_args
 
 RESUME_MAY_CHANGE = ("checkpoint_every", "jax_cache_dir", "num_devices")  # they change no result
@@ -157,9 +157,22 @@ class Run:
     def completed(self) -> bool:
         return self.summary["status"] == "completed"
 
-    @property
-    def global_step(self) -> int:
-        return self.summary["global_step"]
+    def evaluate(self, play, params) -> None:
+        """Plays the final evaluations (`play`: evaluation.compile_final_evaluation's) and draws
+        them and the learning curve into the run directory and the log; summary.json's `eval`."""
+        eval_start = time.time()
+        step = self.summary["global_step"]
+        self.summary["eval"] = visualize.evaluate_and_draw(
+            play, params, self.history, self.log, self.run_dir, step,
+            f"{self.args.env_id}, seed {self.args.seed}", self.args.env_id)
+        self.summary.update(eval_episodes=self.args.eval_episodes,
+                            eval_seconds=time.time() - eval_start)
+
+    def save_model(self, params, network_args: tuple[str, ...]) -> None:
+        """The final parameters as the run's model.safetensors, with the arguments that rebuild
+        the network."""
+        self.summary["model"] = model.save_run_model(self.run_dir, self.args, params, network_args,
+                                                     self.summary["global_step"])
 
     def __exit__(self, *exc_info) -> None:
         try:

@@ -1,0 +1,42 @@
+"""Tests of utils/startup.py: one compilation cache for every entry point, which recovers from the
+entries a JAX program without the size cap leaves behind."""
+
+import os
+import subprocess
+import sys
+
+from utils import startup
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--total-timesteps", "512", "--num-envs", "8", "--num-steps", "32", "--num-minibatches",
+        "2", "--update-epochs", "1", "--eval-episodes", "4", "--no-diagnostics",
+        "--checkpoint-every", "0", "--no-save-model"]
+# What benchmarks/search.py did before every entry point shared startup's cache: JAX's cache with
+# no cap, whose entries have no access-time file.
+UNCAPPED = ("import jax; jax.config.update('jax_compilation_cache_dir', {!r}); "
+            "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0); "
+            "jax.jit(lambda x: x * 3 + 1)(1.0).block_until_ready()")
+
+
+def test_entries_without_an_access_time_get_the_oldest_one(tmp_path):
+    (tmp_path / "old-cache").write_bytes(b"x")
+    (tmp_path / "kept-cache").write_bytes(b"y")
+    (tmp_path / "kept-atime").write_bytes((5).to_bytes(8, "little"))
+    startup.configure_compilation_cache(str(tmp_path))
+    assert (tmp_path / "old-atime").read_bytes() == (0).to_bytes(8, "little")
+    assert (tmp_path / "kept-atime").read_bytes() == (5).to_bytes(8, "little")
+
+
+def test_after_an_uncapped_program_the_script_warns_nothing_and_reruns_from_the_cache(tmp_path):
+    cache = tmp_path / "cache"
+    subprocess.run([sys.executable, "-c", UNCAPPED.format(str(cache))], check=True, cwd=tmp_path)
+    assert list(cache.glob("*-cache")) and not list(cache.glob("*-atime"))
+    entries = []
+    for _ in range(2):
+        run = subprocess.run([sys.executable, os.path.join(ROOT, "ppo_breakout.py"), *TINY,
+                              "--jax-cache-dir", str(cache)], cwd=tmp_path, capture_output=True,
+                             text=True, timeout=600)
+        assert run.returncode == 0, run.stderr
+        assert "compilation cache" not in run.stderr
+        entries.append(sorted(path.name for path in cache.glob("*-cache")))
+    assert len(entries[0]) > 1 and entries[1] == entries[0]  # the second run compiled nothing
