@@ -29,7 +29,7 @@ def test_minatar_protocol_is_sticky_with_no_time_limit_but_the_games_own(env_id)
     assert gymnax_params.sticky_action_prob == 0.0
     assert gymnax_params.env_params == env_params.env_params  # gymnax's own limit: 1000, Freeway 2500
     assert minatar_params.sticky_action_prob == 0.1
-    expected = 2500 if env_id == "Freeway-MinAtar" else evaluation.SAFETY_BOUND
+    expected = 2501 if env_id == "Freeway-MinAtar" else evaluation.SAFETY_BOUND
     assert minatar_params.env_params.max_steps_in_episode == expected
 
 

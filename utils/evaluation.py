@@ -139,9 +139,10 @@ def evaluate(
 
 # The two evaluation protocols. gymnax's: no sticky actions and gymnax's time limit (1000 steps, 2500 on
 # Freeway), as in gymnax's published baselines. MinAtar's (Young & Tian 2019): sticky actions 0.1 and no
-# time limit but the game's own (Freeway ends after 2500 steps); SAFETY_BOUND stops an endless episode.
+# time limit but the game's own (Freeway's: 2501 steps); SAFETY_BOUND stops an endless episode.
 SAFETY_BOUND = 100_000
-GAME_TIME_LIMITS = {"Freeway-MinAtar": 2500}
+# MinAtar's freeway.py counts a timer down from 2500 and ends when it goes below 0: on step 2501.
+GAME_TIME_LIMITS = {"Freeway-MinAtar": 2501}
 PROTOCOLS = ("gymnax", "minatar")
 
 
