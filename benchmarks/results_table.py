@@ -14,18 +14,15 @@ Run:  python benchmarks/results_table.py --seeds 1 2 3 4 5 --num-devices 2 --out
 import dataclasses
 import json
 import os
-import platform
-import resource
 import shlex
-import subprocess
 import sys
-import time
 
 import numpy as np
 import tyro
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ppo_breakout.py")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import common  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -44,20 +41,6 @@ class Args:
     """write the rows and the command as JSON to this new file ("" writes none)"""
     from_json: str = ""
     """print the table of a JSON file written by --out, and run nothing"""
-
-
-def cpu_name() -> str:
-    """The CPU's model name and family (/proc/cpuinfo), which decide how a seed's run rounds."""
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        return platform.processor() or "unknown"
-    return (f"{fields.get('model name', 'unknown')}, family {fields.get('cpu family', '?')}, "
-            f"{os.cpu_count()} cores, {'AVX-512' if 'avx512f' in fields.get('flags', '') else 'no AVX-512'}")
 
 
 def learning_curve(run_dir: str, max_points: int = 250) -> dict:
@@ -120,26 +103,22 @@ def main() -> None:
         sys.exit(2)
     rows = []
     for seed in args.seeds:
-        command = [sys.executable, SCRIPT, "--seed", str(seed), "--total-timesteps", str(args.total_timesteps),
-                   "--num-devices", str(args.num_devices), "--exp-name", args.exp_name, *script_args]
-        start = time.time()
-        result = subprocess.run(command, capture_output=True, text=True)
-        wall = time.time() - start
-        if result.returncode != 0:  # the script's own error line, and its exit status (2: bad args)
-            print(f"error: seed {seed} failed: {result.stderr.strip()}", file=sys.stderr)
-            sys.exit(result.returncode)
-        # ru_maxrss of children: the largest peak of any child so far, in KiB on Linux.
-        peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
-        summary_path = result.stdout.strip().splitlines()[-1].removeprefix("summary: ")
-        with open(summary_path) as f:
-            summary = json.load(f)
-        rows.append({"seed": seed, "eval": summary["eval"], "wall_seconds": wall,
-                     "compile_seconds": summary["compile_seconds"], "sps": summary["sps"], "peak_gb": peak_gb,
-                     "run_dir": os.path.dirname(summary_path), "curve": learning_curve(os.path.dirname(summary_path)),
-                     "args": summary["args"]})
-        print(f"seed {seed}: sampled {summary['eval']['sampled']['mean']:.2f}, wall {wall:.1f}s", file=sys.stderr)
-    table = {"command": "python benchmarks/results_table.py " + shlex.join(sys.argv[1:]), "cpu": cpu_name(),
-             "rows": rows}
+        flags = ["--seed", str(seed), "--total-timesteps", str(args.total_timesteps),
+                 "--num-devices", str(args.num_devices), "--exp-name", args.exp_name, *script_args]
+        run = common.run_timed(common.script_command("ppo_breakout.py", flags))
+        if run.returncode != 0:  # the script's own error line, and its exit status (2: bad args)
+            print(f"error: seed {seed} failed: {run.stderr.strip()}", file=sys.stderr)
+            sys.exit(run.returncode)
+        summary, summary_path = common.read_summary(run.stdout)
+        run_dir = os.path.relpath(os.path.dirname(summary_path))
+        rows.append({"seed": seed, "eval": summary["eval"], "wall_seconds": run.wall_seconds,
+                     "compile_seconds": summary["compile_seconds"], "sps": summary["sps"],
+                     "peak_gb": run.peak_rss_mb / 2**10, "run_dir": run_dir,
+                     "curve": learning_curve(run_dir), "args": summary["args"]})
+        print(f"seed {seed}: sampled {summary['eval']['sampled']['mean']:.2f}, "
+              f"wall {run.wall_seconds:.1f}s", file=sys.stderr)
+    table = {"command": "python benchmarks/results_table.py " + shlex.join(sys.argv[1:]),
+             "cpu": common.machine(), "rows": rows, "date": common.utc_date()}
     print_table(table)
     if args.out:
         with open(args.out, "w") as f:
