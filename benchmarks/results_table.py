@@ -1,10 +1,11 @@
-"""Reproduces the README's results table: ppo_breakout.py run once per seed, each as its own process.
+"""Reproduces the README's results table: ppo_breakout.py run once per seed, each as its own
+process.
 
 Each run is timed from outside (process start to exit, so imports, compilation, training, evaluation
 and the pictures all count), its peak memory read from the OS, and its summary.json read back. The
 evaluation columns are both protocols the script reports: gymnax's (no sticky actions) and MinAtar's
-(sticky actions with probability 0.1). `--out` keeps the rows as JSON; `--from-json` prints the table
-again from such a file without running anything.
+(sticky actions with probability 0.1). `--out` keeps the rows as JSON; `--from-json` prints the
+table again from such a file without running anything.
 
 Run:  python benchmarks/results_table.py --seeds 1 2 3 4 5 --num-devices 2 --out results.json
       python benchmarks/results_table.py --script-args="--update-epochs 3"   # other settings
@@ -34,7 +35,8 @@ class Args:
     num_devices: int = 2
     """passed to ppo_breakout.py: a seed replays the same run only with the same device count"""
     exp_name: str = "results_table"
-    """passed to ppo_breakout.py; the run directories are runs/{env_id}__{exp_name}__{seed}__{time}"""
+    """passed to ppo_breakout.py; the run directories are
+    runs/{env_id}__{exp_name}__{seed}__{time}"""
     script_args: str = ""
     """more arguments for ppo_breakout.py, as one string, e.g. --script-args='--update-epochs 3'"""
     out: str = ""
@@ -49,21 +51,23 @@ def learning_curve(run_dir: str, max_points: int = 250) -> dict:
     events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
     events.Reload()
     points = events.Scalars("charts/episodic_return")
-    keep = np.unique(np.linspace(0, len(points) - 1, min(max_points, len(points))).round().astype(int))
+    spaced = np.linspace(0, len(points) - 1, min(max_points, len(points)))
+    keep = np.unique(spaced.round().astype(int))
     return {"steps": [points[i].step for i in keep], "returns": [points[i].value for i in keep]}
 
 
 def print_table(table: dict) -> None:
     rows = table["rows"]
     print(f"`{table['command']}` on {table['cpu']}:\n")
-    print("| seed | sampled | greedy | sampled, sticky 0.1 | greedy, sticky 0.1 | wall s | compile s | train SPS |")
+    print("| seed | sampled | greedy | sampled, sticky 0.1 | greedy, sticky 0.1 | wall s "
+          "| compile s | train SPS |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     cell = lambda e: f"{e['mean']:.2f} ± {e['std']:.2f}"  # noqa: E731
     for row in rows:
         e = row["eval"]
-        print(f"| {row['seed']} | {cell(e['sampled'])} | {cell(e['greedy'])} | {cell(e['sticky_0.1']['sampled'])} "
-              f"| {cell(e['sticky_0.1']['greedy'])} | {row['wall_seconds']:.1f} | {row['compile_seconds']:.1f} "
-              f"| {row['sps']:,.0f} |")
+        print(f"| {row['seed']} | {cell(e['sampled'])} | {cell(e['greedy'])} "
+              f"| {cell(e['sticky_0.1']['sampled'])} | {cell(e['sticky_0.1']['greedy'])} "
+              f"| {row['wall_seconds']:.1f} | {row['compile_seconds']:.1f} | {row['sps']:,.0f} |")
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     column = lambda pick: [pick(row) for row in rows]  # noqa: E731
     sampled = column(lambda r: r["eval"]["sampled"]["mean"])
@@ -72,7 +76,8 @@ def print_table(table: dict) -> None:
           f"| {mean(column(lambda r: r['eval']['greedy']['mean'])):.2f} "
           f"| **{mean(sticky):.2f}** (min {min(sticky):.2f}) "
           f"| {mean(column(lambda r: r['eval']['sticky_0.1']['greedy']['mean'])):.2f} "
-          f"| {mean(column(lambda r: r['wall_seconds'])):.1f} | {mean(column(lambda r: r['compile_seconds'])):.1f} "
+          f"| {mean(column(lambda r: r['wall_seconds'])):.1f} "
+          f"| {mean(column(lambda r: r['compile_seconds'])):.1f} "
           f"| {mean(column(lambda r: r['sps'])):,.0f} |")
     print(f"\npeak memory of any run: {max(column(lambda r: r['peak_gb'])):.2f} GB")
 
