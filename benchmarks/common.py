@@ -13,6 +13,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from typing import NamedTuple, NoReturn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -115,7 +116,7 @@ def script_command(script: str, flags: list[str], tree: str = ROOT) -> list[str]
 
 
 def run_script(script: str, flags: list[str], cwd: str, tree: str = ROOT,
-               prefix: list[str] = (), env: dict | None = None) -> ScriptRun:
+               prefix: Sequence[str] = (), env: dict | None = None) -> ScriptRun:
     """Runs a script of `tree` in `cwd` (its runs/ lands there) behind an optional command `prefix`
     (e.g. taskset); RuntimeError with its last stderr line if it fails."""
     command = [*prefix, *script_command(script, flags, tree)]

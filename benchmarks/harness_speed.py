@@ -41,7 +41,8 @@ def timed(command: list[str], cwd: str) -> dict:
     """Runs `command`; its wall seconds, peak resident memory in GB and stdout."""
     run = common.run_timed(command, cwd)
     if run.returncode != 0:
-        common.fail(f"{' '.join(command)} exited with {run.returncode}")
+        last = (run.stderr.strip().splitlines() or [""])[-1]
+        common.fail(f"{' '.join(command)} exited with {run.returncode}: {last}")
     return {"wall_seconds": run.wall_seconds, "peak_memory_gb": run.peak_rss_mb / 2**10,
             "stdout": run.stdout}
 
