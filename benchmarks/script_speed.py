@@ -98,6 +98,16 @@ def versions_of(args: Args, base_tree: str) -> dict[str, Version]:
     return versions
 
 
+def progress(run: dict) -> str:
+    """One run in a round's line: what the script's summary.json reported of its time."""
+    parts = [f"{run['wall_seconds']:.2f} s", f"{run['peak_memory_mb']:.0f} MB"]
+    if "sps" in run:
+        parts.append(f"{run['sps']:,.0f} SPS")
+    if "compile_seconds" in run:
+        parts.append(f"compile {run['compile_seconds']:.2f} s")
+    return ", ".join(parts)
+
+
 def main() -> None:
     args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
     if args.rounds < 1:
@@ -130,10 +140,8 @@ def main() -> None:
                 runs = {label: v.run(args.script, flags, workdir) for label, v in versions.items()}
                 if i:  # round 0 warms the cache
                     rounds.append(runs)
-                    print(" | ".join(f"{label}: {r['wall_seconds']:.2f} s, {r['sps']:,.0f} SPS, "
-                                     f"compile {r['compile_seconds']:.2f} s, "
-                                     f"{r['peak_memory_mb']:.0f} MB"
-                                     for label, r in runs.items()), flush=True)
+                    print(" | ".join(f"{label}: {progress(r)}" for label, r in runs.items()),
+                          flush=True)
         finally:
             if args.base:
                 subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", base_tree],
