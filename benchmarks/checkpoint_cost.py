@@ -9,6 +9,9 @@ read. It also times each checkpoint: the main thread's time in save_checkpoint, 
 the background write (serializing, closing the event file, writing and syncing), which on a machine
 with every core busy training is at most what that write takes from training.
 
+The update is split over NUM_DEVICES (2) devices, the script's default; the report records the
+count it ran on.
+
 Run:  python benchmarks/checkpoint_cost.py --pairs 40 --out benchmarks/results/checkpoint_cost.json
 """
 
@@ -17,21 +20,24 @@ import copy
 import dataclasses
 import functools
 import io
-import json
 import os
 import sys
 import tempfile
 import time
 
+NUM_DEVICES = 2  # the script's default device count, which the measured update is split over
+# JAX's CPU backend has one device unless told before it starts (importing the script starts it).
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(NUM_DEVICES))
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import ppo_breakout as ppo  # noqa: E402  (sets the CPU device count before JAX starts)
+import ppo_breakout as ppo  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import tyro  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
-from benchmarks.results_table import cpu_name  # noqa: E402
+from benchmarks import common  # noqa: E402
 from utils import checkpoint, cli  # noqa: E402
 
 
@@ -51,13 +57,17 @@ def main() -> None:
     bench = tyro.cli(Args, description=__doc__.split("\n\n")[0])
     error = next((f"{cli.flag(n)} must be positive, got {getattr(bench, n)}"
                   for n in ("checkpoint_every", "block", "pairs") if getattr(bench, n) <= 0), None)
-    if error is None and bench.out and os.path.exists(bench.out):
-        error = f"--out {bench.out} exists; choose another name"
+    if error is None and bench.block < bench.checkpoint_every:  # a block would write none
+        error = f"--block {bench.block} is shorter than --checkpoint-every {bench.checkpoint_every}"
+    if error is None and len(jax.devices()) < NUM_DEVICES:
+        error = (f"JAX has {len(jax.devices())} device(s) and the update is split over "
+                 f"{NUM_DEVICES}: unset JAX_NUM_CPU_DEVICES or set it to {NUM_DEVICES} or more")
     if error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-    # The script's defaults on 2 devices, long enough for every block.
-    args = ppo.Args(num_devices=2, total_timesteps=8192 * bench.block * 2 * (bench.pairs + 1))
+        common.fail(error)
+    common.check_out(bench.out)
+    # The script's defaults on NUM_DEVICES devices, long enough for every block.
+    args = ppo.Args(num_devices=NUM_DEVICES,
+                    total_timesteps=8192 * bench.block * 2 * (bench.pairs + 1))
     args = ppo.fill_runtime_fields(args)
     args.checkpoint_every = bench.checkpoint_every
     env, env_params = ppo.make_env(args.env_id, args.sticky_action_prob)
@@ -108,20 +118,16 @@ def main() -> None:
     def summary(x) -> dict:
         return {"median": float(np.median(x)), "quartiles": np.percentile(x, [25, 75]).tolist(),
                 "range": [float(np.min(x)), float(np.max(x))]}
-    report = {"command": "python benchmarks/checkpoint_cost.py " + " ".join(sys.argv[1:]),
-              "machine": cpu_name(), "load_average": os.getloadavg(),
-              "block_iterations": bench.block,
-              "checkpoint_every": bench.checkpoint_every, "steps_per_iteration": args.batch_size,
-              "seconds": seconds, "block_ratio": summary(ratios),
-              "main_thread_ms": summary(1e3 * np.array(main_seconds)),
-              "background_cpu_ms": summary(1e3 * np.array(background_cpu_seconds)),
-              "iteration_ms": 1e3 * iteration,
-              "cost_bound": per_checkpoint / (bench.checkpoint_every * iteration)}
-    text = json.dumps(report, indent=1)
-    if bench.out:
-        with open(bench.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    report = common.new_report(
+        load_average=os.getloadavg(), devices=mesh.devices.size,
+        platform=jax.devices()[0].platform, block_iterations=bench.block,
+        checkpoint_every=bench.checkpoint_every, steps_per_iteration=args.batch_size,
+        seconds=seconds, block_ratio=summary(ratios),
+        main_thread_ms=summary(1e3 * np.array(main_seconds)),
+        background_cpu_ms=summary(1e3 * np.array(background_cpu_seconds)),
+        iteration_ms=1e3 * iteration,
+        cost_bound=per_checkpoint / (bench.checkpoint_every * iteration))
+    common.write_report(report, bench.out)
 
 
 if __name__ == "__main__":

@@ -13,14 +13,14 @@ Run:  python benchmarks/harness_speed.py --rounds 3 --out benchmarks/results/har
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 import tempfile
-import time
 
 import tyro
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import common  # noqa: E402
+from benchmarks.common import ROOT  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -38,66 +38,56 @@ class Args:
 
 
 def timed(command: list[str], cwd: str) -> dict:
-    """Runs `command`; its wall seconds and peak resident memory in GB (os.wait4's rusage of the child)."""
-    start = time.time()
-    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    stdout = process.stdout.read()
-    _, status, usage = os.wait4(process.pid, 0)
-    process.returncode = os.waitstatus_to_exitcode(status)
-    if process.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} exited with {process.returncode}")
-    return {"wall_seconds": time.time() - start, "peak_memory_gb": usage.ru_maxrss / 2**20, "stdout": stdout}
+    """Runs `command`; its wall seconds, peak resident memory in GB and stdout."""
+    run = common.run_timed(command, cwd)
+    if run.returncode != 0:
+        last = (run.stderr.strip().splitlines() or [""])[-1]
+        common.fail(f"{' '.join(command)} exited with {run.returncode}: {last}")
+    return {"wall_seconds": run.wall_seconds, "peak_memory_gb": run.peak_rss_mb / 2**10,
+            "stdout": run.stdout}
 
 
 def main() -> None:
     args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
-    error = next((f"--{n.replace('_', '-')} must be positive, got {getattr(args, n)}"
-                  for n in ("num_seeds", "rounds", "num_chunks", "total_timesteps") if getattr(args, n) <= 0), None)
-    if not error and args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
-        error = f"--out {args.out}: its directory does not exist"
-    if error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-    sys.path.insert(0, ROOT)
-    from benchmarks.tune import machine  # after the checks: importing it starts JAX
-
+    for name in ("num_seeds", "rounds", "num_chunks", "total_timesteps"):
+        if getattr(args, name) <= 0:
+            common.fail(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    common.check_out(args.out)
     rounds = []
     with tempfile.TemporaryDirectory() as work:
         cache = os.path.join(work, "jax_cache")
-        harness = [sys.executable, os.path.join(ROOT, "benchmarks", "tune.py"), "--num-seeds", str(args.num_seeds),
-                   "--ppo.total-timesteps", str(args.total_timesteps), "--ppo.jax-cache-dir", cache, "--quiet"]
+        harness_command = common.script_command("benchmarks/tune.py", [
+            "--num-seeds", str(args.num_seeds), "--ppo.total-timesteps", str(args.total_timesteps),
+            "--ppo.jax-cache-dir", cache, "--quiet"])
         for r in range(args.rounds):
             row = {}
             for name, chunks in (("harness", args.num_chunks), ("harness_one_chunk", 1)):
-                run = timed(harness + ["--num-chunks", str(chunks)], work)
+                run = timed(harness_command + ["--num-chunks", str(chunks)], work)
                 timing = json.loads(run.pop("stdout"))["timing"]
                 row[name] = {**run, "train_seconds": timing["train_seconds"],
                              "compile_seconds": timing["compile_seconds"]}
             row["script"] = []
             for seed in range(1, args.num_seeds + 1):
-                run = timed([sys.executable, os.path.join(ROOT, "ppo_breakout.py"), "--seed", str(seed),
-                             "--total-timesteps", str(args.total_timesteps), "--jax-cache-dir", cache], work)
-                summary_path = run.pop("stdout").strip().splitlines()[-1].removeprefix("summary: ")
-                with open(os.path.join(work, summary_path)) as f:
-                    run["train_seconds"] = json.load(f)["train_seconds"]
+                run = timed(common.script_command("ppo_breakout.py", [
+                    "--seed", str(seed), "--total-timesteps", str(args.total_timesteps),
+                    "--jax-cache-dir", cache]), work)
+                summary, _ = common.read_summary(run.pop("stdout"), work)
+                run |= {k: summary[k] for k in ("train_seconds", "compile_seconds")}
                 row["script"].append(run)
             script_wall = sum(s["wall_seconds"] for s in row["script"])
-            row["ratio"] = row["harness"]["wall_seconds"] / script_wall
-            row["one_chunk_train_ratio"] = row["harness"]["train_seconds"] / row["harness_one_chunk"]["train_seconds"]
-            print(f"round {r + 1}: harness {row['harness']['wall_seconds']:.1f} s "
-                  f"({row['harness']['peak_memory_gb']:.2f} GB), {args.num_seeds} script runs {script_wall:.1f} s "
-                  f"(peak {max(s['peak_memory_gb'] for s in row['script']):.2f} GB): ratio {row['ratio']:.2f}; "
-                  f"training in {args.num_chunks} chunks / in one: {row['one_chunk_train_ratio']:.3f}",
-                  file=sys.stderr, flush=True)
+            script_peak = max(s["peak_memory_gb"] for s in row["script"])
+            harness, one_chunk = row["harness"], row["harness_one_chunk"]
+            row["ratio"] = harness["wall_seconds"] / script_wall
+            row["one_chunk_train_ratio"] = harness["train_seconds"] / one_chunk["train_seconds"]
+            print(f"round {r + 1}: harness {harness['wall_seconds']:.1f} s "
+                  f"({harness['peak_memory_gb']:.2f} GB), {args.num_seeds} script runs "
+                  f"{script_wall:.1f} s (peak {script_peak:.2f} GB): ratio {row['ratio']:.2f}; "
+                  f"training in {args.num_chunks} chunks / in one: "
+                  f"{row['one_chunk_train_ratio']:.3f}", file=sys.stderr, flush=True)
             rounds.append(row)
-    out = {"command": "python benchmarks/harness_speed.py " + " ".join(sys.argv[1:]), "machine": machine(),
-           "num_seeds": args.num_seeds, "num_chunks": args.num_chunks, "total_timesteps": args.total_timesteps,
-           "rounds": rounds}
-    text = json.dumps(out, indent=1)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    common.write_report(common.new_report(num_seeds=args.num_seeds, num_chunks=args.num_chunks,
+                                          total_timesteps=args.total_timesteps, rounds=rounds),
+                        args.out)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""Reproduces the README's results table: ppo_breakout.py run once per seed, each as its own process.
+"""Reproduces the README's results table: ppo_breakout.py run once per seed, each as its own
+process.
 
 Each run is timed from outside (process start to exit, so imports, compilation, training, evaluation
 and the pictures all count), its peak memory read from the OS, and its summary.json read back. The
 evaluation columns are both protocols the script reports: gymnax's (no sticky actions) and MinAtar's
-(sticky actions with probability 0.1). `--out` keeps the rows as JSON; `--from-json` prints the table
-again from such a file without running anything.
+(sticky actions with probability 0.1). `--out` keeps the rows as JSON; `--from-json` prints the
+table again from such a file without running anything.
 
 Run:  python benchmarks/results_table.py --seeds 1 2 3 4 5 --num-devices 2 --out results.json
       python benchmarks/results_table.py --script-args="--update-epochs 3"   # other settings
@@ -14,18 +15,15 @@ Run:  python benchmarks/results_table.py --seeds 1 2 3 4 5 --num-devices 2 --out
 import dataclasses
 import json
 import os
-import platform
-import resource
 import shlex
-import subprocess
 import sys
-import time
 
 import numpy as np
 import tyro
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "ppo_breakout.py")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import common  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -37,7 +35,8 @@ class Args:
     num_devices: int = 2
     """passed to ppo_breakout.py: a seed replays the same run only with the same device count"""
     exp_name: str = "results_table"
-    """passed to ppo_breakout.py; the run directories are runs/{env_id}__{exp_name}__{seed}__{time}"""
+    """passed to ppo_breakout.py; the run directories are
+    runs/{env_id}__{exp_name}__{seed}__{time}"""
     script_args: str = ""
     """more arguments for ppo_breakout.py, as one string, e.g. --script-args='--update-epochs 3'"""
     out: str = ""
@@ -46,41 +45,29 @@ class Args:
     """print the table of a JSON file written by --out, and run nothing"""
 
 
-def cpu_name() -> str:
-    """The CPU's model name and family (/proc/cpuinfo), which decide how a seed's run rounds."""
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        return platform.processor() or "unknown"
-    return (f"{fields.get('model name', 'unknown')}, family {fields.get('cpu family', '?')}, "
-            f"{os.cpu_count()} cores, {'AVX-512' if 'avx512f' in fields.get('flags', '') else 'no AVX-512'}")
-
-
 def learning_curve(run_dir: str, max_points: int = 250) -> dict:
     """The run's training return (charts/episodic_return) from its TensorBoard log, at most
     `max_points` evenly spaced points of it, so the JSON can draw the curve later."""
     events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
     events.Reload()
     points = events.Scalars("charts/episodic_return")
-    keep = np.unique(np.linspace(0, len(points) - 1, min(max_points, len(points))).round().astype(int))
+    spaced = np.linspace(0, len(points) - 1, min(max_points, len(points)))
+    keep = np.unique(spaced.round().astype(int))
     return {"steps": [points[i].step for i in keep], "returns": [points[i].value for i in keep]}
 
 
 def print_table(table: dict) -> None:
     rows = table["rows"]
     print(f"`{table['command']}` on {table['cpu']}:\n")
-    print("| seed | sampled | greedy | sampled, sticky 0.1 | greedy, sticky 0.1 | wall s | compile s | train SPS |")
+    print("| seed | sampled | greedy | sampled, sticky 0.1 | greedy, sticky 0.1 | wall s "
+          "| compile s | train SPS |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     cell = lambda e: f"{e['mean']:.2f} ± {e['std']:.2f}"  # noqa: E731
     for row in rows:
         e = row["eval"]
-        print(f"| {row['seed']} | {cell(e['sampled'])} | {cell(e['greedy'])} | {cell(e['sticky_0.1']['sampled'])} "
-              f"| {cell(e['sticky_0.1']['greedy'])} | {row['wall_seconds']:.1f} | {row['compile_seconds']:.1f} "
-              f"| {row['sps']:,.0f} |")
+        print(f"| {row['seed']} | {cell(e['sampled'])} | {cell(e['greedy'])} "
+              f"| {cell(e['sticky_0.1']['sampled'])} | {cell(e['sticky_0.1']['greedy'])} "
+              f"| {row['wall_seconds']:.1f} | {row['compile_seconds']:.1f} | {row['sps']:,.0f} |")
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     column = lambda pick: [pick(row) for row in rows]  # noqa: E731
     sampled = column(lambda r: r["eval"]["sampled"]["mean"])
@@ -89,7 +76,8 @@ def print_table(table: dict) -> None:
           f"| {mean(column(lambda r: r['eval']['greedy']['mean'])):.2f} "
           f"| **{mean(sticky):.2f}** (min {min(sticky):.2f}) "
           f"| {mean(column(lambda r: r['eval']['sticky_0.1']['greedy']['mean'])):.2f} "
-          f"| {mean(column(lambda r: r['wall_seconds'])):.1f} | {mean(column(lambda r: r['compile_seconds'])):.1f} "
+          f"| {mean(column(lambda r: r['wall_seconds'])):.1f} "
+          f"| {mean(column(lambda r: r['compile_seconds'])):.1f} "
           f"| {mean(column(lambda r: r['sps'])):,.0f} |")
     print(f"\npeak memory of any run: {max(column(lambda r: r['peak_gb'])):.2f} GB")
 
@@ -120,26 +108,22 @@ def main() -> None:
         sys.exit(2)
     rows = []
     for seed in args.seeds:
-        command = [sys.executable, SCRIPT, "--seed", str(seed), "--total-timesteps", str(args.total_timesteps),
-                   "--num-devices", str(args.num_devices), "--exp-name", args.exp_name, *script_args]
-        start = time.time()
-        result = subprocess.run(command, capture_output=True, text=True)
-        wall = time.time() - start
-        if result.returncode != 0:  # the script's own error line, and its exit status (2: bad args)
-            print(f"error: seed {seed} failed: {result.stderr.strip()}", file=sys.stderr)
-            sys.exit(result.returncode)
-        # ru_maxrss of children: the largest peak of any child so far, in KiB on Linux.
-        peak_gb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
-        summary_path = result.stdout.strip().splitlines()[-1].removeprefix("summary: ")
-        with open(summary_path) as f:
-            summary = json.load(f)
-        rows.append({"seed": seed, "eval": summary["eval"], "wall_seconds": wall,
-                     "compile_seconds": summary["compile_seconds"], "sps": summary["sps"], "peak_gb": peak_gb,
-                     "run_dir": os.path.dirname(summary_path), "curve": learning_curve(os.path.dirname(summary_path)),
-                     "args": summary["args"]})
-        print(f"seed {seed}: sampled {summary['eval']['sampled']['mean']:.2f}, wall {wall:.1f}s", file=sys.stderr)
-    table = {"command": "python benchmarks/results_table.py " + shlex.join(sys.argv[1:]), "cpu": cpu_name(),
-             "rows": rows}
+        flags = ["--seed", str(seed), "--total-timesteps", str(args.total_timesteps),
+                 "--num-devices", str(args.num_devices), "--exp-name", args.exp_name, *script_args]
+        run = common.run_timed(common.script_command("ppo_breakout.py", flags))
+        if run.returncode != 0:  # the script's own error line, and its exit status (2: bad args)
+            print(f"error: seed {seed} failed: {run.stderr.strip()}", file=sys.stderr)
+            sys.exit(run.returncode)
+        summary, summary_path = common.read_summary(run.stdout)
+        run_dir = os.path.relpath(os.path.dirname(summary_path))
+        rows.append({"seed": seed, "eval": summary["eval"], "wall_seconds": run.wall_seconds,
+                     "compile_seconds": summary["compile_seconds"], "sps": summary["sps"],
+                     "peak_gb": run.peak_rss_mb / 2**10, "run_dir": run_dir,
+                     "curve": learning_curve(run_dir), "args": summary["args"]})
+        print(f"seed {seed}: sampled {summary['eval']['sampled']['mean']:.2f}, "
+              f"wall {run.wall_seconds:.1f}s", file=sys.stderr)
+    table = {"command": "python benchmarks/results_table.py " + shlex.join(sys.argv[1:]),
+             "cpu": common.machine(), "rows": rows, "date": common.utc_date()}
     print_table(table)
     if args.out:
         with open(args.out, "w") as f:

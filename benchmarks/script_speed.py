@@ -1,100 +1,159 @@
-"""Whole-process time and training speed of ppo_breakout.py, side by side with an earlier commit.
+"""Whole-process time, training speed, compile time and peak memory of a script, side by side across
+versions of it: an earlier commit, this tree, this tree with extra flags, and sets of cores with a
+device count.
 
-Each round runs `python ppo_breakout.py --seed 1 --num-devices 2` once per version, alternating, so
-slow drifts of the machine hit every version alike: the earlier commit (checked out into a temporary
-git worktree), this tree, and this tree with each `--variant`'s extra flags. A first, unrecorded round
-warms the compilation cache. Per run it records the wall time of the whole process, its peak memory
-and the parts summary.json times; per round, each version's wall time over the earlier commit's.
+Each round runs every version once, alternating, so slow drifts of the machine hit every version
+alike; a first, unrecorded round warms the compilation cache. The script is any one in the
+repository root that prints `summary: PATH` (ppo_breakout.py by default). Per run it records the
+wall time of the whole process, its peak resident memory, and summary.json's training SPS, compile,
+training and evaluation seconds and sampled return. Versions:
+- `--base COMMIT`: the script at an earlier commit (checked out into a temporary git worktree);
+- this tree, and this tree with each `--variant`'s extra flags;
+- `--cores-devices CORES:DEVICES ...`: each version above pinned to CORES with taskset (a list such
+  as 0 or 0,1), with DEVICES devices for JAX's CPU backend and `--num-devices DEVICES`.
 
     python benchmarks/script_speed.py --base fc64c6e --rounds 5 --variant=--no-diagnostics \\
         --out benchmarks/results/script_speed.json
+    python benchmarks/script_speed.py --flags="--seed 1 --exp-name speed" --rounds 3 \\
+        --cores-devices 0:1 0,1:1 0,1:2 0,1:4 --out benchmarks/results/device_speed.json
 """
 
 import dataclasses
-import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
 
 import tyro
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from benchmarks.harness_speed import timed  # noqa: E402
-from benchmarks.results_table import cpu_name  # noqa: E402
-
-COMMAND = ["--seed", "1", "--num-devices", "2", "--exp-name", "speed"]
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import common  # noqa: E402
+from benchmarks.common import ROOT, fail  # noqa: E402
 
 
 @dataclasses.dataclass
 class Args:
-    base: str = "fc64c6e"
-    """the earlier commit to compare with"""
-    rounds: int = 5
-    """recorded rounds (after one warm-up round)"""
+    script: str = "ppo_breakout.py"
+    """the script to time, relative to the repository root; it must print `summary: PATH`"""
+    flags: str = "--seed 1 --num-devices 2 --exp-name speed"
+    """the flags of every run, as one string"""
+    base: str = ""
+    """an earlier commit to compare with ("" compares versions of this tree only)"""
     variant: tuple[str, ...] = ()
     """extra flags of further versions of this tree, one version each (e.g. --no-diagnostics)"""
+    cores_devices: tuple[str, ...] = ()
+    """CORES:DEVICES, one configuration each, for every version (e.g. 0:1 0,1:2)"""
+    rounds: int = 5
+    """recorded rounds (after one warm-up round)"""
     out: str = ""
     """write the report here as JSON"""
 
 
-def fail(message: str):
-    print(f"error: {message}", file=sys.stderr)
-    sys.exit(2)
+class Version:
+    """One thing to time: a tree, flags added to the common ones, cores and devices if pinned."""
+
+    def __init__(self, tree: str, flags: list[str], cores: str = "", devices: int = 0):
+        self.tree, self.flags, self.cores, self.devices = tree, flags, cores, devices
+
+    def run(self, script: str, flags: list[str], workdir: str) -> dict:
+        prefix, env, devices = [], None, []
+        if self.cores:
+            prefix = ["taskset", "-c", self.cores]
+            env = os.environ | {"JAX_NUM_CPU_DEVICES": str(self.devices)}
+            devices = ["--num-devices", str(self.devices)]
+        try:
+            run = common.run_script(script, [*flags, *self.flags, *devices], workdir, self.tree,
+                                    prefix, env)
+        except (RuntimeError, ValueError, OSError) as e:
+            fail(str(e))
+        return common.speed_fields(run)
 
 
-def run_once(tree: str, extra: list[str], workdir: str) -> dict:
-    """One whole process in `workdir` (its runs/ lands there): wall time, peak memory, summary.json's parts."""
-    try:
-        run = timed([sys.executable, os.path.join(tree, "ppo_breakout.py"), *COMMAND, *extra], workdir)
-    except RuntimeError as e:
-        fail(str(e))
-    summary_path = run["stdout"].strip().splitlines()[-1].removeprefix("summary: ")
-    with open(os.path.join(workdir, summary_path)) as f:
-        summary = json.load(f)
-    return {"wall_seconds": run["wall_seconds"], "peak_memory_mb": run["peak_memory_gb"] * 1024, "sps": summary["sps"],
-            "compile_seconds": summary["compile_seconds"], "train_seconds": summary["train_seconds"],
-            "eval_seconds": summary["eval_seconds"], "sampled": summary["eval"]["sampled"]["mean"]}
+def parse_config(config: str) -> tuple[str, int]:
+    cores, _, devices = config.partition(":")
+    if not devices.isdigit() or int(devices) < 1 or not cores:
+        fail(f"--cores-devices {config}: expected CORES:DEVICES, such as 0,1:2")
+    available = os.sched_getaffinity(0)
+    if any(not c.isdigit() or int(c) not in available for c in cores.split(",")):
+        fail(f"--cores-devices {config}: this process may use cores {sorted(available)}")
+    return cores, int(devices)
 
 
-def check_rounds_and_out(rounds: int, out: str) -> None:
-    if rounds < 1:
-        fail(f"--rounds must be positive, got {rounds}")
-    if out and os.path.exists(out):
-        fail(f"--out {out} exists; choose another name")
+def versions_of(args: Args, base_tree: str) -> dict[str, Version]:
+    """The versions by label: the base commit, "this tree", "this tree, FLAGS"; with configurations,
+    each of them on each (labelled by the configuration alone if this tree is the only version)."""
+    trees = {args.base: Version(base_tree, [])} if args.base else {}
+    trees |= {"this tree": Version(ROOT, [])}
+    trees |= {f"this tree, {flags}": Version(ROOT, shlex.split(flags)) for flags in args.variant}
+    if not args.cores_devices:
+        return trees
+    versions = {}
+    for label, version in trees.items():
+        for config in args.cores_devices:
+            cores, devices = parse_config(config)
+            name = config if len(trees) == 1 else f"{label} on {config}"
+            versions[name] = Version(version.tree, version.flags, cores, devices)
+    return versions
+
+
+def progress(run: dict) -> str:
+    """One run in a round's line: what the script's summary.json reported of its time."""
+    parts = [f"{run['wall_seconds']:.2f} s", f"{run['peak_memory_mb']:.0f} MB"]
+    if "sps" in run:
+        parts.append(f"{run['sps']:,.0f} SPS")
+    if "compile_seconds" in run:
+        parts.append(f"compile {run['compile_seconds']:.2f} s")
+    return ", ".join(parts)
 
 
 def main() -> None:
     args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
-    check_rounds_and_out(args.rounds, args.out)
-    if subprocess.run(["git", "-C", ROOT, "rev-parse", "--git-dir"], capture_output=True).returncode:
+    if args.rounds < 1:
+        fail(f"--rounds must be positive, got {args.rounds}")
+    common.check_out(args.out)
+    if not os.path.isfile(os.path.join(ROOT, args.script)):
+        fail(f"--script {args.script}: no such file in {ROOT}")
+    if args.cores_devices and shutil.which("taskset") is None:
+        fail("taskset is not installed (util-linux)")
+    try:
+        flags = shlex.split(args.flags)
+    except ValueError as e:  # an unclosed quote
+        fail(f"--flags does not parse as a shell command line: {e}")
+    git = subprocess.run(["git", "-C", ROOT, "rev-parse", "--git-dir"], capture_output=True)
+    if args.base and git.returncode:
         fail(f"--base {args.base}: the earlier commit comes from a git checkout, and {ROOT} is "
              "not one")
     with tempfile.TemporaryDirectory() as tmp:
         base_tree, workdir = os.path.join(tmp, "base"), os.path.join(tmp, "runs")
         os.makedirs(workdir)
-        added = subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", base_tree, args.base],
-                               capture_output=True, text=True)
-        if added.returncode:
-            fail(f"--base {args.base}: {added.stderr.strip().splitlines()[-1]}")
+        versions = versions_of(args, base_tree)
+        if args.base:
+            added = subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", base_tree,
+                                    args.base], capture_output=True, text=True)
+            if added.returncode:
+                fail(f"--base {args.base}: {added.stderr.strip().splitlines()[-1]}")
         try:
-            versions = {args.base: (base_tree, []), "this tree": (ROOT, [])}
-            versions |= {f"this tree, {flags}": (ROOT, flags.split()) for flags in args.variant}
             rounds = []
             for i in range(args.rounds + 1):
-                runs = {label: run_once(tree, extra, workdir) for label, (tree, extra) in versions.items()}
+                runs = {label: v.run(args.script, flags, workdir) for label, v in versions.items()}
                 if i:  # round 0 warms the cache
                     rounds.append(runs)
-                    print(" | ".join(f"{label}: {r['wall_seconds']:.2f} s, {r['sps']:,.0f} SPS"
-                                     for label, r in runs.items()), flush=True)
+                    print(" | ".join(f"{label}: {progress(r)}" for label, r in runs.items()),
+                          flush=True)
         finally:
-            subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", base_tree], check=True)
-    report = {"command": "python ppo_breakout.py " + " ".join(COMMAND), "base": args.base, "machine": cpu_name(),
-              "versions": list(versions), "rounds": rounds}
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
+            if args.base:
+                subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", base_tree],
+                               check=True)
+    command = shlex.join(["python", args.script, *flags])
+    if args.cores_devices:
+        command += " --num-devices DEVICES"
+    report = common.new_report(command, script=args.script, base=args.base or None,
+                               versions=list(versions), rounds=rounds)
+    if args.cores_devices:
+        report["configs"] = list(args.cores_devices)
+    common.write_report(report, args.out, echo=False)
 
 
 if __name__ == "__main__":

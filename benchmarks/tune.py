@@ -47,7 +47,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import ppo_breakout  # noqa: E402
-from benchmarks import stats  # noqa: E402
+from benchmarks import common, stats  # noqa: E402
 from utils import checkpoint, files, startup  # noqa: E402
 from utils.evaluation import PROTOCOLS, SAFETY_BOUND, evaluate, protocol_params  # noqa: E402
 
@@ -322,18 +322,8 @@ def changed_args(cfg: ppo_breakout.Args) -> dict:
 
 
 def machine() -> str:
-    """The CPU model and family as lscpu names them (from /proc/cpuinfo), or JAX's device kind."""
-    info = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                info.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    cpu = f"{info.get('model name', 'unknown CPU')}, CPU family {info.get('cpu family', '?')}, {num_cores} cores"
-    device = jax.devices()[0]
-    return cpu if device.platform == "cpu" else f"{device.device_kind} x {len(jax.devices())} ({cpu})"
+    """The CPU model and family (from /proc/cpuinfo), after JAX's device kind if not a CPU."""
+    return common.machine(jax.devices())
 
 
 def result_json(cfg: ppo_breakout.Args, seeds: list[int], result: SeedsResult, eval_episodes: int,
