@@ -5,8 +5,8 @@ this compiles ppo_breakout.py's update once and trains in blocks of --block iter
 blocks that write a checkpoint every --checkpoint-every iterations with blocks that write none (the
 order flips every pair), each block timed whole: logging, checkpoints and the wait for the
 background writes included. Neighbouring blocks share the machine's state, so their ratio is what to
-read. It also times each checkpoint: the main thread's time in save_checkpoint, and the CPU time of
-the background write (serializing, closing the event file, writing and syncing), which on a machine
+read. It also times each checkpoint: the main thread's time in Checkpointer.save (flushing the log
+included), and the CPU time of the background write (serializing, writing and syncing), which on a machine
 with every core busy training is at most what that write takes from training.
 
 The update is split over NUM_DEVICES (2) devices, the script's default; the report records the
@@ -16,7 +16,6 @@ Run:  python benchmarks/checkpoint_cost.py --pairs 40 --out benchmarks/results/c
 """
 
 import contextlib
-import copy
 import dataclasses
 import functools
 import io
@@ -35,10 +34,9 @@ import ppo_breakout as ppo  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import tyro  # noqa: E402
-from jax.sharding import Mesh  # noqa: E402
 
 from benchmarks import common  # noqa: E402
-from utils import checkpoint, cli  # noqa: E402
+from utils import checkpoint, cli, parallel, training  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -74,44 +72,49 @@ def main() -> None:
     network = ppo.make_network(env.action_space(env_params).n, args.hidden_sizes, args.activation,
                                args.layer_norm, args.conv_channels)
     optimizer = ppo.make_optimizer(args)
-    mesh = ppo.make_mesh(args.num_devices)
+    mesh = parallel.make_mesh(args.num_devices)
     init = functools.partial(ppo.init_runner, env=env, env_params=env_params, network=network,
                              optimizer=optimizer, num_envs=args.num_envs)
-    runner = jax.jit(init, out_shardings=ppo.make_runner_shardings(mesh))(jax.random.key(args.seed))
+    runner = jax.jit(init, out_shardings=parallel.shardings(mesh, ppo.RUNNER_SPECS))(
+        jax.random.key(args.seed))
     update_step = ppo.make_parallel_update_step(args, env, env_params, network, optimizer, mesh)
     update_step = update_step.lower(runner).compile()
 
     main_seconds, background_cpu_seconds = [], []
-    write = checkpoint.RunLog.write
+    save, write = checkpoint.Checkpointer.save, checkpoint.Checkpointer.write
+
+    def timed_save(*save_args, **kwargs):  # in the main thread
+        start = time.perf_counter()
+        save(*save_args, **kwargs)
+        main_seconds.append(time.perf_counter() - start)
 
     def timed_write(*write_args):  # in the background thread
         start = time.thread_time()
         write(*write_args)
         background_cpu_seconds.append(time.thread_time() - start)
-    checkpoint.RunLog.write = staticmethod(timed_write)
+    checkpoint.Checkpointer.save, checkpoint.Checkpointer.write = timed_save, timed_write
 
-    with tempfile.TemporaryDirectory() as run_dir, cli.StopSignals() as stop:
-        writer = checkpoint.RunLog(run_dir)
-
-        def save(runner, progress):
-            start = time.perf_counter()
-            ppo.save_checkpoint(run_dir, args, writer, runner, progress)
-            main_seconds.append(time.perf_counter() - start)
-        progress = ppo.Progress(0, ppo.History([], [], []), 0.0)
-        seconds = {"on": [], "off": []}
-        for pair in range(bench.pairs + 1):
-            for kind in (("on", "off") if pair % 2 else ("off", "on")):
-                block_args = copy.copy(args)
-                block_args.num_iterations = progress.iteration + bench.block
-                start = time.perf_counter()
-                with contextlib.redirect_stdout(io.StringIO()):  # progress lines of every block
-                    block_save = save if kind == "on" else None
-                    runner, _, progress, _ = ppo.train(block_args, update_step, runner, writer,
-                                                       stop, progress, block_save)
-                    writer.wait()  # the block's last write counts as its own
-                if pair:  # pair 0 warms up
-                    seconds[kind].append(time.perf_counter() - start)
-        writer.close()
+    # The script's loop (ppo_breakout.main) with its bookkeeping, checkpoints on or off by block.
+    seconds, iteration = {"on": [], "off": []}, 0
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp), \
+            contextlib.redirect_stdout(io.StringIO()):
+        with training.Run(ppo.__file__, args, None, 0.0, time.time()) as run:
+            checkpoints, run.train_start = run.checkpoints, time.time()
+            for pair in range(bench.pairs + 1):
+                for kind in (("on", "off") if pair % 2 else ("off", "on")):
+                    run.checkpoints = checkpoints if kind == "on" else None
+                    start = time.perf_counter()
+                    for _ in range(bench.block):
+                        iteration += 1
+                        runner, metrics = update_step(runner)
+                        metrics = jax.device_get(metrics)
+                        run.log_iteration(iteration, metrics, ppo.iteration_scalars(args, metrics),
+                                          metrics.get("histograms"))
+                        run.end_iteration(iteration, runner)
+                    checkpoints.wait()  # the block's last write counts as its own
+                    if pair:  # pair 0 warms up
+                        seconds[kind].append(time.perf_counter() - start)
+            run.checkpoints = checkpoints
     ratios = np.array(seconds["on"]) / np.array(seconds["off"])
     iteration = np.median(seconds["off"]) / bench.block
     per_checkpoint = np.median(main_seconds) + np.median(background_cpu_seconds)

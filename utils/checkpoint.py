@@ -128,9 +128,10 @@ class Checkpointer:
         header = self.header | {"iteration": progress.iteration,
                                 "train_seconds": progress.train_seconds}
         header = {name: json.dumps(value) for name, value in header.items()}
-        trees = {"runner": state, "history": history}
-        self.pending = self.disk.submit(
-            lambda: write_atomically(self.path, state_bytes(trees, header)))
+        self.pending = self.disk.submit(self.write, {"runner": state, "history": history}, header)
+
+    def write(self, trees: dict, header: dict[str, str]) -> None:  # in the background thread
+        write_atomically(self.path, state_bytes(trees, header))
 
     def wait(self) -> None:
         """Returns once the last checkpoint is on disk; raises what its write raised."""
