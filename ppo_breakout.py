@@ -34,8 +34,17 @@ import rlax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from utils import checkpoint, cli, diagnostics, evaluation, layers, model, startup
-from utils import parallel, training, visualize
+from utils import (
+    checkpoint,
+    cli,
+    diagnostics,
+    evaluation,
+    layers,
+    model,
+    parallel,
+    startup,
+    training,
+)
 from utils.env import default_conv_channels, make_env
 
 

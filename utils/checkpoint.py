@@ -17,8 +17,13 @@ import jax
 import numpy as np
 import safetensors.numpy
 
-from utils.files import header_value, read_safetensors, remove_partial_writes, source_digest
-from utils.files import write_atomically
+from utils.files import (
+    header_value,
+    read_safetensors,
+    remove_partial_writes,
+    source_digest,
+    write_atomically,
+)
 
 CHECKPOINT = "checkpoint.safetensors"
 UTILS = os.path.dirname(os.path.abspath(__file__))
