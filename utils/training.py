@@ -39,9 +39,9 @@ def take_saved_args(script: str, args, given: set[str], network_args: tuple[str,
 
 class Run:
     """A run of `script`: `with Run(...) as run:` opens its directory (new, or --resume's), log,
-    summary.json and signal handlers; in the loop, `log` and `end_iteration` keep the books of
-    each iteration, and `finish` those of training; on leaving, summary.json is written however
-    the run ended, and `exit_code` says how."""
+    summary.json and signal handlers; in the loop, `log_iteration` and `end_iteration` keep the
+    books of each iteration, and `finish` those of training; on leaving, summary.json is written
+    however the run ended, and `exit_code` says how."""
 
     def __init__(self, script: str, args, start: Progress | None, compile_seconds: float,
                  wall_start: float):
