@@ -81,30 +81,50 @@ def play_gif(episodes: list[np.ndarray], titles: list[str], channel_names: list[
         rows[-1].append((x, channel))
         x += entry
     legend = len(rows) * LABEL
-    canvas = np.zeros((num_frames, LABEL + height + legend, total_width), np.uint8)
+    # What every frame shares: the legend, and the gaps between panels.
+    background = np.zeros((LABEL + height + legend, total_width), np.uint8)
     for r, row in enumerate(rows):
         top = LABEL + height + r * LABEL
-        canvas[:, top:top + LABEL] = text_strip(total_width, [(x + 11, names[c], 12) for x, c in row])
+        background[top:top + LABEL] = text_strip(total_width, [(x + 11, names[c], 12) for x, c in row])
         for x, channel in row:  # a colour swatch before each name
-            canvas[:, top + 3:top + 11, x:x + 8] = channel + 1
-    for i, (episode, title) in enumerate(zip(episodes, titles)):
-        left = i * (width + gap)
-        panel = (slice(LABEL, LABEL + height), slice(left, left + width))
-        canvas[:len(episode), panel[0], panel[1]] = grids_to_pixels(episode)
-        canvas[len(episode):, panel[0], panel[1]] = canvas[len(episode) - 1, panel[0], panel[1]]
-        canvas[:len(episode) - 1, :LABEL, left:left + width] = text_strip(width, [(2, title, 12)])
-        canvas[len(episode) - 1:, :LABEL, left:left + width] = text_strip(
-            width, [(2, f"{title}: {ends[i] if ends else f'over at {len(episode) - 1}'}", 12)])
-    # Pixels that did not change since the previous frame become transparent, so each frame stores only
-    # the ball's and paddle's moves (Pillow's optimize=True finds the same, frame by frame, more slowly).
-    canvas[1:][canvas[1:] == canvas[:-1]] = TRANSPARENT
-    frames = [Image.fromarray(frame, "P") for frame in canvas]
+            background[top + 3:top + 11, x:x + 8] = channel + 1
+    # Each panel's label while its episode plays, and from its last frame on.
+    labels = [(text_strip(width, [(2, title, 12)]), text_strip(
+        width, [(2, f"{title}: {ends[i] if ends else f'over at {len(episode) - 1}'}", 12)]))
+        for i, (episode, title) in enumerate(zip(episodes, titles))]
+
+    def frame(t: int) -> np.ndarray:
+        """Frame t: every episode's step t (an episode that has ended stays on its last frame)."""
+        pixels = background.copy()
+        for i, episode in enumerate(episodes):
+            left = i * (width + gap)
+            pixels[LABEL:LABEL + height, left:left + width] = grids_to_pixels(
+                episode[min(t, len(episode) - 1)][None])[0]
+            pixels[:LABEL, left:left + width] = labels[i][t >= len(episode) - 1]
+        return pixels
+
     palette = PALETTE.ravel().tolist()
-    for frame in frames:
-        frame.putpalette(palette)
+
+    def image(pixels: np.ndarray) -> Image.Image:
+        picture = Image.fromarray(pixels, "P")
+        picture.putpalette(palette)
+        return picture
+
+    def later_frames():
+        # Pixels that did not change since the previous frame become transparent, so each frame stores
+        # only the ball's and paddle's moves (Pillow's optimize=True finds the same, frame by frame, more
+        # slowly). The frames are made one at a time, as Pillow takes them: the whole animation is never
+        # held as one array (1000 frames of three panels: 92 MB, and as much again for the comparison).
+        previous = first
+        for t in range(1, num_frames):
+            pixels = frame(t)
+            yield image(np.where(pixels == previous, np.uint8(TRANSPARENT), pixels))
+            previous = pixels
+
+    first = frame(0)
     buffer = io.BytesIO()
-    frames[0].save(buffer, format="GIF", save_all=True, append_images=frames[1:], duration=frame_ms, loop=0,
-                   optimize=False, transparency=TRANSPARENT, disposal=1)  # 1: draw each frame over the last
+    image(first).save(buffer, format="GIF", save_all=True, append_images=later_frames(), duration=frame_ms,
+                      loop=0, optimize=False, transparency=TRANSPARENT, disposal=1)  # 1: draw each frame over the last
     return buffer.getvalue()
 
 
