@@ -262,14 +262,19 @@ def figure_to_png(fig: plt.Figure) -> bytes:
 def report_evaluations(results: dict, writer, run_dir: str, step: int, title: str, env_id: str) -> dict:
     """Prints, logs and draws (play.gif, behaviour.png) the final evaluations, `results` holding each of
     EVALUATION_PAIRS' results stacked, by policy; returns summary.json's `eval`: the results of
-    protocol "" at its top level, the others under their protocol."""
+    protocol "" at its top level, the others under their protocol. It empties `results`."""
     breakout = env_id == "Breakout-MinAtar"  # Breakout's behaviour has panels of its own
     fetched = {}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         # The GIF is encoded in a thread (Pillow's encoder releases the GIL) once the sampled pair is here,
         # while the other pair plays and matplotlib draws.
         for policy, pair in EVALUATION_PAIRS.items():
-            pair_results = jax.device_get(results[policy])
+            # A pair's device arrays go once its host copy is made, and only the sampled pair's recorded
+            # frames come over, for play.gif (26 MB a pair in Breakout).
+            pair_results = results.pop(policy)
+            if policy != "sampled":
+                pair_results = pair_results._replace(frames=None)
+            pair_results = jax.device_get(pair_results)
             fetched |= {i: jax.tree.map(lambda x: x[k], pair_results) for k, i in enumerate(pair)}
             if policy == "sampled":  # without and with sticky actions
                 gif = pool.submit(play_gif_of, *(fetched[i] for i in pair), env_id)
