@@ -34,18 +34,9 @@ import rlax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from utils import (
-    checkpoint,
-    cli,
-    diagnostics,
-    evaluation,
-    layers,
-    model,
-    parallel,
-    startup,
-    training,
-)
+from utils import checkpoint, cli, diagnostics, evaluation, model, parallel, startup, training
 from utils.env import default_conv_channels, make_env
+from utils.layers import conv_relu_pool
 
 
 @dataclasses.dataclass
@@ -163,7 +154,7 @@ def actor_critic(obs: jax.Array, num_actions: int, hidden_sizes: tuple[int, ...]
     act, gain = ACTIVATIONS[activation]
     x = obs
     if conv_channels:  # = hk.Conv2D(conv_channels, 3) -> ReLU -> hk.avg_pool(2x2), faster on CPU
-        x = layers.conv_relu_pool(obs, conv_channels)
+        x = conv_relu_pool(obs, conv_channels)
     x = x.reshape(obs.shape[0], -1)
     features = []
     for i, width in enumerate(hidden_sizes):
@@ -638,6 +629,7 @@ def main() -> None:
     play = evaluation.compile_final_evaluation(
         env, args.env_id, env_params, lambda p, o: network.apply(p, o)[0], args.eval_episodes,
         args.num_devices, eval_key, params)
+    startup.release_freed_memory()  # what the compiler used
     compile_seconds = time.time() - compile_start
 
     # The run's directory, log, checkpoints and summary.json (utils/training.py).

@@ -2,20 +2,38 @@
 persistent compilation cache, configured one way for every entry point (scripts, harness, search,
 tests), so that no program writes entries another cannot read."""
 
+import contextlib
+import ctypes
 import gc
+import importlib
 import os
 import pathlib
+import sys
+import types
 
 CACHE_MAX_BYTES = 2**30  # a search compiles a program per setting: the cache must not fill the disk
 
 
+class DeferredModule(types.ModuleType):
+    """Stands in sys.modules for a module not imported yet; its first attribute looked up imports
+    the module, and every lookup is answered by it."""
+
+    def __getattr__(self, name: str):
+        if sys.modules.get(self.__name__) is self:
+            del sys.modules[self.__name__]
+        return getattr(importlib.import_module(self.__name__), name)
+
+
 def before_imports() -> None:
     """For a script's __main__, before JAX starts (importing gymnax starts it): one CPU device per
-    core and at least two, for the data-parallel update; and the garbage collector off while the
-    imports load, their objects then frozen out of its later passes (after_imports)."""
+    core and at least two, for the data-parallel update; the garbage collector off while the
+    imports load, their objects then frozen out of its later passes (after_imports); and seaborn,
+    which gymnax imports for Pong's render alone (with pandas and scipy.stats), imported only if
+    something uses it (docs/ppo_breakout.md, "Memory")."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(max(cores or 1, 2)))
     gc.disable()
+    sys.modules.setdefault("seaborn", DeferredModule("seaborn"))
 
 
 def after_imports() -> None:
@@ -42,3 +60,10 @@ def configure_compilation_cache(cache_dir: str) -> None:
     jax.config.update("jax_compilation_cache_dir", str(path))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
+
+
+def release_freed_memory() -> None:
+    """Gives the memory that glibc's allocator holds freed back to the system (malloc_trim): after
+    compiling, what XLA's compiler used would otherwise count in the run's peak."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
