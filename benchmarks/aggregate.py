@@ -1,5 +1,5 @@
-"""One score across the five MinAtar games: each seed's return normalised by the random policy and the
-published PPO number, then the interquartile mean (IQM) over games x seeds, as rliable does.
+"""One score across the five MinAtar games: each seed's return normalised by the random policy and
+the published PPO number, then the interquartile mean (IQM) over games x seeds, as rliable does.
 
     normalised = (return - random) / (published PPO - random)
 
@@ -122,15 +122,18 @@ def main() -> None:
             if base is not None and setting != args.baseline:
                 row[protocol]["vs_baseline"] = compare(normalised(base, protocol, random), per_game)
         table[setting] = row
-        line = " | ".join(f"{p} {row[p]['value']:.2f} [{row[p]['ci'][0]:.2f}, {row[p]['ci'][1]:.2f}]"
-                          + (f" diff {row[p]['vs_baseline']['value']:+.2f} "
-                             f"[{row[p]['vs_baseline']['ci'][0]:+.2f}, {row[p]['vs_baseline']['ci'][1]:+.2f}]"
-                             if "vs_baseline" in row[p] else "") for p in PROTOCOL_KEYS)
-        means = " ".join(f"{g[:5]} {row['gymnax']['per_game_mean'][g]:.1f}/{row['minatar']['per_game_mean'][g]:.1f}"
-                         for g in GAMES)
+        line = " | ".join(
+            f"{p} {row[p]['value']:.2f} [{row[p]['ci'][0]:.2f}, {row[p]['ci'][1]:.2f}]"
+            + (f" diff {row[p]['vs_baseline']['value']:+.2f} "
+               f"[{row[p]['vs_baseline']['ci'][0]:+.2f}, {row[p]['vs_baseline']['ci'][1]:+.2f}]"
+               if "vs_baseline" in row[p] else "")
+            for p in PROTOCOL_KEYS)
+        means = " ".join(f"{g[:5]} {row['gymnax']['per_game_mean'][g]:.1f}/"
+                         f"{row['minatar']['per_game_mean'][g]:.1f}" for g in GAMES)
         print(f"{setting:20s} {line}\n{'':20s} {means}", file=sys.stderr)
     out = {"command": shlex.join(["python", "benchmarks/aggregate.py", *sys.argv[1:]]),
-           "steps": args.steps, "baseline": args.baseline, "published": PUBLISHED, "settings": table}
+           "steps": args.steps, "baseline": args.baseline, "published": PUBLISHED,
+           "settings": table}
     if args.out:
         with open(args.out, "w") as f:
             json.dump(out, f, indent=1)

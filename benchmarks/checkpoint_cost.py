@@ -6,8 +6,8 @@ blocks that write a checkpoint every --checkpoint-every iterations with blocks t
 order flips every pair), each block timed whole: logging, checkpoints and the wait for the
 background writes included. Neighbouring blocks share the machine's state, so their ratio is what to
 read. It also times each checkpoint: the main thread's time in Checkpointer.save (flushing the log
-included), and the CPU time of the background write (serializing, writing and syncing), which on a machine
-with every core busy training is at most what that write takes from training.
+included), and the CPU time of the background write (serializing, writing and syncing), which on a
+machine with every core busy training is at most what that write takes from training.
 
 The update is split over NUM_DEVICES (2) devices, the script's default; the report records the
 count it ran on.
@@ -30,11 +30,11 @@ os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(NUM_DEVICES))
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import ppo_breakout as ppo  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import tyro  # noqa: E402
 
+import ppo_breakout as ppo  # noqa: E402
 from benchmarks import common  # noqa: E402
 from utils import checkpoint, cli, parallel, training  # noqa: E402
 

@@ -20,7 +20,6 @@ import tyro
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common  # noqa: E402
-from benchmarks.common import ROOT  # noqa: E402
 
 
 @dataclasses.dataclass

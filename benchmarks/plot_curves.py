@@ -1,7 +1,8 @@
-"""Overlays the learning curves of several runs of ppo_breakout.py, read from their TensorBoard logs.
+"""Overlays the learning curves of several runs of ppo_breakout.py, read from their
+TensorBoard logs.
 
-Each run's `charts/episodic_return` is interpolated onto a common grid of environment steps (up to the
-shortest run's last step); the figure shows every run thinly, their mean, and a 95% bootstrap
+Each run's `charts/episodic_return` is interpolated onto a common grid of environment steps (up to
+the shortest run's last step); the figure shows every run thinly, their mean, and a 95% bootstrap
 confidence interval of the mean (scipy.stats.bootstrap, percentile method, over runs).
 
 Run:  python benchmarks/plot_curves.py runs/Breakout-MinAtar__ppo__* --out curves.png
@@ -63,16 +64,21 @@ def main() -> None:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
 
-    grid = np.linspace(max(steps[0] for steps, _ in curves), min(steps[-1] for steps, _ in curves), args.points)
+    first_step = max(steps[0] for steps, _ in curves)
+    last_step = min(steps[-1] for steps, _ in curves)
+    grid = np.linspace(first_step, last_step, args.points)
     values = np.stack([np.interp(grid, steps, returns) for steps, returns in curves])
     fig, ax = plt.subplots(figsize=(8, 5), layout="constrained")
     for run in values:
         ax.plot(grid, run, color="tab:blue", alpha=0.25, linewidth=0.8)
-    ax.plot(grid, values.mean(0), color="tab:blue", linewidth=2.2, label=f"mean of {len(values)} runs")
+    ax.plot(grid, values.mean(0), color="tab:blue", linewidth=2.2,
+            label=f"mean of {len(values)} runs")
     if len(values) > 1:
-        ci = scipy.stats.bootstrap((values,), np.mean, axis=0, confidence_level=0.95, n_resamples=2000,
-                                   method="percentile", rng=np.random.default_rng(0)).confidence_interval
-        ax.fill_between(grid, ci.low, ci.high, color="tab:blue", alpha=0.25, label="95% bootstrap CI of the mean")
+        ci = scipy.stats.bootstrap((values,), np.mean, axis=0, confidence_level=0.95,
+                                   n_resamples=2000, method="percentile",
+                                   rng=np.random.default_rng(0)).confidence_interval
+        ax.fill_between(grid, ci.low, ci.high, color="tab:blue", alpha=0.25,
+                        label="95% bootstrap CI of the mean")
     ax.set(xlabel="environment steps", ylabel=args.tag)
     ax.grid(alpha=0.3)
     ax.legend()

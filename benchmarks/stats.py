@@ -2,9 +2,9 @@
 Edge of the Statistical Precipice" (arXiv:2108.13264): interquartile means, percentile-bootstrap
 confidence intervals and the probability of improvement.
 
-With one task (Breakout), their stratified bootstrap is the plain bootstrap over seeds. The resampling
-is scipy.stats.bootstrap's (rliable 1.2.0 does not import with the pinned pandas and arch); every
-interval uses a fixed generator, so the same JSON always gives the same digits.
+With one task (Breakout), their stratified bootstrap is the plain bootstrap over seeds. The
+resampling is scipy.stats.bootstrap's (rliable 1.2.0 does not import with the pinned pandas and
+arch); every interval uses a fixed generator, so the same JSON always gives the same digits.
 """
 
 import numpy as np
@@ -42,8 +42,8 @@ def pooled_curve(return_sums, episodes, n_resamples: int = N_RESAMPLES, seed: in
     """The learning curve pooled over seeds, with a 95% band from resampling seeds.
 
     return_sums and episodes are (seeds, points): the summed returns and the count of the training
-    episodes that ended in each stretch of training. A point is sum(returns) / sum(episodes) over the
-    seeds; the band resamples whole seeds, each seed's sums and count together.
+    episodes that ended in each stretch of training. A point is sum(returns) / sum(episodes) over
+    the seeds; the band resamples whole seeds, each seed's sums and count together.
     """
     return_sums = np.asarray(return_sums, float).T  # (points, seeds)
     episodes = np.asarray(episodes, float).T
@@ -70,13 +70,15 @@ def share_past_wall(returns, wall: float = FIRST_WALL) -> dict:
 
 
 def summarize(returns, n_resamples: int = N_RESAMPLES, seed: int = 0) -> dict:
-    """Mean and IQM of per-seed returns, each with its 95% bootstrap interval, and the share of seeds
-    past the first wall."""
+    """Mean and IQM of per-seed returns, each with its 95% bootstrap interval, and the share of
+    seeds past the first wall."""
     returns = np.asarray(returns, float)
     return {
         "seeds": int(returns.size),
-        "mean": {"value": float(mean(returns)), "ci": bootstrap_ci(returns, mean, n_resamples, seed).tolist()},
-        "iqm": {"value": float(iqm(returns)), "ci": bootstrap_ci(returns, iqm, n_resamples, seed).tolist()},
+        "mean": {"value": float(mean(returns)),
+                 "ci": bootstrap_ci(returns, mean, n_resamples, seed).tolist()},
+        "iqm": {"value": float(iqm(returns)),
+                "ci": bootstrap_ci(returns, iqm, n_resamples, seed).tolist()},
         "share_past_wall": share_past_wall(returns),
         "min": float(returns.min()), "max": float(returns.max()),
     }
@@ -86,7 +88,7 @@ def probability_of_improvement(x, y, axis=-1):
     """P(X > Y) + P(X = Y) / 2 for a run X of one setting and a run Y of the other (Agarwal et al.),
     over all pairs of runs: the Mann-Whitney U statistic over n * m."""
     x, y = np.asarray(x), np.asarray(y)
-    # method="asymptotic": only U is used, and the exact p-value would cost a distribution per resample
+    # method="asymptotic": only U is used; the exact p-value would cost a distribution per resample
     u = scipy.stats.mannwhitneyu(x, y, axis=axis, method="asymptotic").statistic
     return u / (x.shape[axis] * y.shape[axis])
 
@@ -94,30 +96,33 @@ def probability_of_improvement(x, y, axis=-1):
 def compare(baseline, candidate, n_resamples: int = N_RESAMPLES, seed: int = 0) -> dict:
     """Candidate against baseline, trained on the same seeds in the same order.
 
-    The differences (candidate - baseline) of the mean and of the IQM get paired-bootstrap intervals:
-    a resample draws seeds, and both settings' returns of each drawn seed. The probability of
-    improvement, P(candidate run > baseline run), resamples each setting's seeds on their own, as
-    Agarwal et al. do.
+    The differences (candidate - baseline) of the mean and of the IQM get paired-bootstrap
+    intervals: a resample draws seeds, and both settings' returns of each drawn seed. The
+    probability of improvement, P(candidate run > baseline run), resamples each setting's seeds on
+    their own, as Agarwal et al. do.
     """
     baseline, candidate = np.asarray(baseline, float), np.asarray(candidate, float)
     if baseline.shape != candidate.shape:
-        raise ValueError(f"the settings must share their seeds; got {baseline.size} and {candidate.size} returns")
+        raise ValueError(f"the settings must share their seeds; got {baseline.size} and "
+                         f"{candidate.size} returns")
 
     def paired(statistic):
         def difference(b, c, axis=-1):
             return statistic(c, axis=axis) - statistic(b, axis=axis)
-        result = scipy.stats.bootstrap((baseline, candidate), difference, paired=True, method="percentile",
-                                       confidence_level=CONFIDENCE, n_resamples=n_resamples,
-                                       rng=np.random.default_rng(seed))
+        result = scipy.stats.bootstrap((baseline, candidate), difference, paired=True,
+                                       method="percentile", confidence_level=CONFIDENCE,
+                                       n_resamples=n_resamples, rng=np.random.default_rng(seed))
         return {"value": float(difference(baseline, candidate)), "ci": _interval(result)}
 
-    poi = scipy.stats.bootstrap((candidate, baseline), probability_of_improvement, method="percentile",
-                                confidence_level=CONFIDENCE, n_resamples=n_resamples,
-                                rng=np.random.default_rng(seed))
+    poi = scipy.stats.bootstrap((candidate, baseline), probability_of_improvement,
+                                method="percentile", confidence_level=CONFIDENCE,
+                                n_resamples=n_resamples, rng=np.random.default_rng(seed))
     return {
         "seeds": int(baseline.size),
         "mean_difference": paired(mean),
         "iqm_difference": paired(iqm),
-        "probability_of_improvement": {"value": float(probability_of_improvement(candidate, baseline)),
-                                       "ci": _interval(poi)},
+        "probability_of_improvement": {
+            "value": float(probability_of_improvement(candidate, baseline)),
+            "ci": _interval(poi),
+        },
     }

@@ -1,11 +1,12 @@
 """Tuning harness: ppo_breakout.py's training for many seeds at once, with the statistics to compare
 settings.
 
-The seeds are split across the devices (on a CPU, one per core); each device trains its seeds one after
-another with `lax.map`, so a seed's result does not depend on which other seeds run, on how many, or on
-the number of devices. Training runs in --num-chunks jitted chunks of iterations, the runner state
-donated from one to the next; after each chunk the progress is printed (stderr) and a curve point
-recorded. Each seed's final policy is then evaluated on complete episodes with sampled actions.
+The seeds are split across the devices (on a CPU, one per core); each device trains its seeds one
+after another with `lax.map`, so a seed's result does not depend on which other seeds run, on how
+many, or on the number of devices. Training runs in --num-chunks jitted chunks of iterations, the
+runner state donated from one to the next; after each chunk the progress is printed (stderr) and a
+curve point recorded. Each seed's final policy is then evaluated on complete episodes with sampled
+actions.
 
 Output (stdout, and --out): JSON with the per-seed returns, their mean and interquartile mean (IQM)
 with 95% bootstrap intervals, the share of seeds past the first wall (return >= 30), the pooled
@@ -55,8 +56,9 @@ from utils.evaluation import PROTOCOLS, SAFETY_BOUND, evaluate, protocol_params 
 @dataclasses.dataclass
 class Args:
     ppo: ppo_breakout.Args = dataclasses.field(default_factory=ppo_breakout.Args)
-    """the settings under test (--ppo.seed and --ppo.num-devices are not used: see --first-seed, --num-devices;
-    the script's per-game rows, ppo_breakout.GAME_DEFAULTS, are not applied: give them as --ppo flags)"""
+    """the settings under test (--ppo.seed and --ppo.num-devices are not used: see --first-seed,
+    --num-devices; the script's per-game rows, ppo_breakout.GAME_DEFAULTS, are not applied: give
+    them as --ppo flags)"""
     num_seeds: int = 8
     """the number of seeds trained"""
     first_seed: int = 1
@@ -64,19 +66,21 @@ class Args:
     eval_episodes: int = 128
     """complete episodes per seed in the final evaluation (sampled actions)"""
     num_chunks: int = 10
-    """training runs in this many jitted chunks of iterations (at most one per iteration), each giving a
-    progress line and a learning-curve point; 1 runs all iterations in one call"""
+    """training runs in this many jitted chunks of iterations (at most one per iteration), each
+    giving a progress line and a learning-curve point; 1 runs all iterations in one call"""
     num_devices: int = 0
     """the number of devices the seeds are split across; 0 takes all, up to one per seed"""
     out: str = ""
     """also write the JSON result to this file"""
     baseline: str = ""
-    """a result JSON of another setting that ran (at least) these seeds, to compare this one against on them"""
+    """a result JSON of another setting that ran (at least) these seeds, to compare this one
+    against on them"""
     quiet: bool = False
     """no progress lines"""
     stability: bool = False
-    """also record, per seed over all of training, what loss_stability.py is about: the largest logit
-    gap, the log-ratio's range, and whether any loss, gradient norm or parameter went non-finite"""
+    """also record, per seed over all of training, what loss_stability.py is about: the largest
+    logit gap, the log-ratio's range, and whether any loss, gradient norm or parameter went
+    non-finite"""
     checkpoint_dir: str = ""
     """write the training state to this directory after every chunk; the same command run again
     continues from it (--out, --baseline, --quiet and --num-devices may change; another device count
@@ -84,16 +88,19 @@ class Args:
 
 
 class SeedsResult(NamedTuple):
-    eval_returns: np.ndarray  # (seeds,) mean return of each seed's evaluation episodes, gymnax's protocol
+    # (seeds,) mean return of each seed's evaluation episodes, gymnax's protocol
+    eval_returns: np.ndarray
     eval_returns_minatar: np.ndarray  # (seeds,) the same under MinAtar's protocol
     minatar_bound_hits: np.ndarray  # (seeds,) MinAtar-protocol episodes stopped by the safety bound
-    return_sums: np.ndarray  # (seeds, chunks) summed return of the training episodes ended in each chunk
+    # (seeds, chunks) summed return of the training episodes ended in each chunk
+    return_sums: np.ndarray
     episodes: np.ndarray  # (seeds, chunks) the number of those episodes
     chunk_steps: list[int]  # environment steps per seed done at the end of each chunk
     compile_seconds: float
     train_seconds: float
     eval_seconds: float
-    stability: dict | None = None  # per seed: logit_gap_max, log_ratio_min, log_ratio_max, non_finite
+    # per seed: logit_gap_max, log_ratio_min, log_ratio_max, non_finite
+    stability: dict | None = None
 
 
 def find_harness_error(args: Args) -> str | None:
@@ -104,7 +111,8 @@ def find_harness_error(args: Args) -> str | None:
     if args.num_devices < 0:
         return f"--num-devices must be 0 (all) or positive, got {args.num_devices}"
     if args.num_devices > len(jax.devices()):
-        return f"--num-devices {args.num_devices} is more than the {len(jax.devices())} devices JAX has"
+        return (f"--num-devices {args.num_devices} is more than the {len(jax.devices())} devices "
+                "JAX has")
     if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         return f"--out {args.out}: its directory does not exist"
     if args.baseline:
@@ -115,7 +123,8 @@ def find_harness_error(args: Args) -> str | None:
             baseline["eval_returns"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             return f"--baseline {args.baseline} is not a result of this harness: {e!r}"
-        missing = [s for s in range(args.first_seed, args.first_seed + args.num_seeds) if s not in seeds]
+        wanted = range(args.first_seed, args.first_seed + args.num_seeds)
+        missing = [s for s in wanted if s not in seeds]
         if missing:
             return f"--baseline {args.baseline} has no result for seed {missing[0]}"
     return None
@@ -204,15 +213,17 @@ def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, nu
     cfg.diagnostics = stability  # the logit gap and the log-ratio's range come with the diagnostics
     # The training protocol (--ppo.sticky-action-prob) holds for the evaluation too.
     env, env_params = ppo_breakout.make_env(cfg.env_id, cfg.sticky_action_prob)
-    network = ppo_breakout.make_network(env.action_space(env_params).n, cfg.hidden_sizes, cfg.activation,
-                                        cfg.layer_norm, cfg.conv_channels)
+    network = ppo_breakout.make_network(env.action_space(env_params).n, cfg.hidden_sizes,
+                                        cfg.activation, cfg.layer_norm, cfg.conv_channels)
     optimizer = ppo_breakout.make_optimizer(cfg)
     update_step = ppo_breakout.make_update_step(cfg, env, env_params, network, optimizer)
 
     def init(seed: jax.Array):
         # The same keys and initialisation as ppo_breakout.main, for one seed.
         runner_key, eval_key = jax.random.split(jax.random.key(seed))
-        return ppo_breakout.init_runner(runner_key, env, env_params, network, optimizer, cfg.num_envs), eval_key
+        runner = ppo_breakout.init_runner(runner_key, env, env_params, network, optimizer,
+                                          cfg.num_envs)
+        return runner, eval_key
 
     def train_chunk(runner: ppo_breakout.RunnerState, num_iterations: jax.Array):
         # The iteration count is an input, so chunks of unequal length share one compiled program.
@@ -221,21 +232,26 @@ def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, nu
             runner, metrics = update_step(runner)
             if stability:  # fmax / fmin: a NaN does not hide the extremes before it
                 gap, low, high, non_finite = extremes
-                extremes = (jnp.fmax(gap, metrics["logit_gap_max"]), jnp.fmin(low, metrics["log_ratio_min"]),
-                            jnp.fmax(high, metrics["log_ratio_max"]), non_finite | ~metrics["finite"])
-            return runner, return_sum + metrics["episode_return_sum"], episodes + metrics["episodes"], extremes
+                extremes = (jnp.fmax(gap, metrics["logit_gap_max"]),
+                            jnp.fmin(low, metrics["log_ratio_min"]),
+                            jnp.fmax(high, metrics["log_ratio_max"]),
+                            non_finite | ~metrics["finite"])
+            return_sum = return_sum + metrics["episode_return_sum"]
+            return runner, return_sum, episodes + metrics["episodes"], extremes
 
         extremes = (-jnp.inf, jnp.inf, -jnp.inf, False) if stability else ()
         return jax.lax.fori_loop(0, num_iterations, iteration,
                                  (runner, jnp.zeros(()), jnp.zeros((), jnp.int32), extremes))
 
     def evaluate_seed(params, eval_key: jax.Array):
-        # Under both protocols, sampled actions; an episode that reaches MinAtar's safety bound is counted.
+        # Under both protocols, sampled actions; an episode that reaches MinAtar's safety bound
+        # is counted.
         returns, bound_hits = [], []
         for protocol in PROTOCOLS:
             params_p = protocol_params(cfg.env_id, env_params, protocol)
             result = evaluate(eval_key, params, False, env=env, env_params=params_p,
-                              policy_apply=lambda p, o: network.apply(p, o)[0], num_episodes=eval_episodes,
+                              policy_apply=lambda p, o: network.apply(p, o)[0],
+                              num_episodes=eval_episodes,
                               max_steps=params_p.env_params.max_steps_in_episode + 1)
             returns.append(result.returns.mean())
             bound_hits.append((result.finished & ~result.terminated
@@ -305,20 +321,29 @@ def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, nu
     protocol_returns, bound_hits = (np.asarray(x)[:len(seeds)] for x in results)
     if stability:
         gap, low, high, non_finite = (np.stack(x) for x in zip(*extremes))  # (chunks, seeds)
-        stability = {"logit_gap_max": np.nanmax(gap, 0).tolist(), "log_ratio_min": np.nanmin(low, 0).tolist(),
-                     "log_ratio_max": np.nanmax(high, 0).tolist(), "non_finite": non_finite.any(0).tolist()}
-    return SeedsResult(eval_returns=protocol_returns[:, 0], eval_returns_minatar=protocol_returns[:, 1],
-                       minatar_bound_hits=bound_hits[:, 1], return_sums=np.stack(return_sums, axis=1),
+        stability = {"logit_gap_max": np.nanmax(gap, 0).tolist(),
+                     "log_ratio_min": np.nanmin(low, 0).tolist(),
+                     "log_ratio_max": np.nanmax(high, 0).tolist(),
+                     "non_finite": non_finite.any(0).tolist()}
+    return SeedsResult(eval_returns=protocol_returns[:, 0],
+                       eval_returns_minatar=protocol_returns[:, 1],
+                       minatar_bound_hits=bound_hits[:, 1],
+                       return_sums=np.stack(return_sums, axis=1),
                        episodes=np.stack(episodes, axis=1), chunk_steps=chunk_steps,
                        compile_seconds=compile_seconds, train_seconds=train_seconds,
                        eval_seconds=time.time() - eval_start, stability=stability or None)
 
 
 def changed_args(cfg: ppo_breakout.Args) -> dict:
-    """The PPO arguments that differ from the script's defaults (the harness picks seeds and devices)."""
+    """The PPO arguments that differ from the script's defaults
+    (the harness picks seeds and devices)."""
+
+    def default(f: dataclasses.Field):
+        return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)
             if f.init and f.name not in ("seed", "num_devices", "jax_cache_dir")
-            and getattr(cfg, f.name) != (f.default_factory() if f.default is dataclasses.MISSING else f.default)}
+            and getattr(cfg, f.name) != default(f)}
 
 
 def machine() -> str:
@@ -328,11 +353,13 @@ def machine() -> str:
 
 def result_json(cfg: ppo_breakout.Args, seeds: list[int], result: SeedsResult, eval_episodes: int,
                 command: str, wall_seconds: float, baseline: dict | None = None) -> dict:
-    """The harness's output: the raw per-seed numbers, then what benchmarks/stats.py makes of them."""
+    """The harness's output: the raw per-seed numbers, then what benchmarks/stats.py
+    makes of them."""
     out = {
         "command": command,
         "changed_args": changed_args(cfg),
-        "ppo_args": {k: v for k, v in vars(cfg).items() if k not in ("seed", "num_devices", "jax_cache_dir")},
+        "ppo_args": {k: v for k, v in vars(cfg).items()
+                     if k not in ("seed", "num_devices", "jax_cache_dir")},
         "seeds": seeds,
         "eval_episodes": eval_episodes,
         "eval_returns": [float(r) for r in result.eval_returns],
@@ -350,19 +377,23 @@ def result_json(cfg: ppo_breakout.Args, seeds: list[int], result: SeedsResult, e
     }
     if result.stability is not None:
         out["stability"] = result.stability
-    if baseline is not None:  # on this run's seeds: a seed's result does not depend on the others run
+    # on this run's seeds: a seed's result does not depend on the others run
+    if baseline is not None:
         by_seed = dict(zip(baseline["seeds"], baseline["eval_returns"]))
-        out["comparison"] = {"baseline": baseline["changed_args"], "baseline_command": baseline["command"],
+        out["comparison"] = {"baseline": baseline["changed_args"],
+                             "baseline_command": baseline["command"],
                              **stats.compare([by_seed[s] for s in seeds], result.eval_returns)}
     return out
 
 
-def print_progress(chunk: int, num_chunks: int, steps: int, return_sums: np.ndarray, episodes: np.ndarray,
-                   start: float, total_steps: int) -> None:
-    """One line per chunk: how far training is, the time since the start, and the chunk's training return."""
+def print_progress(chunk: int, num_chunks: int, steps: int, return_sums: np.ndarray,
+                   episodes: np.ndarray, start: float, total_steps: int) -> None:
+    """One line per chunk: how far training is, the time since the start, and the chunk's
+    training return."""
     per_seed = return_sums / np.maximum(episodes, 1)
+    training_return = return_sums.sum() / max(episodes.sum(), 1)
     print(f"chunk {chunk + 1:>2}/{num_chunks} | {steps:>9,} of {total_steps:,} steps per seed | "
-          f"{time.time() - start:6.1f} s | training return {return_sums.sum() / max(episodes.sum(), 1):5.1f} "
+          f"{time.time() - start:6.1f} s | training return {training_return:5.1f} "
           f"(IQM of seeds {stats.iqm(per_seed):5.1f})", file=sys.stderr, flush=True)
 
 
@@ -395,12 +426,14 @@ def main() -> None:
     progress = None if args.quiet else functools.partial(
         print_progress, start=wall_start, total_steps=cfg.num_iterations * cfg.batch_size)
     if not args.quiet:
-        print(f"{cfg.env_id}: {len(seeds)} seeds x {cfg.num_iterations} iterations of {cfg.batch_size} steps",
-              file=sys.stderr, flush=True)
-    result = train_seeds(cfg, seeds, args.eval_episodes, args.num_chunks, args.num_devices, on_chunk=progress,
-                         stability=args.stability, checkpoint_path=checkpoint_path)
+        print(f"{cfg.env_id}: {len(seeds)} seeds x {cfg.num_iterations} iterations of "
+              f"{cfg.batch_size} steps", file=sys.stderr, flush=True)
+    result = train_seeds(cfg, seeds, args.eval_episodes, args.num_chunks, args.num_devices,
+                         on_chunk=progress, stability=args.stability,
+                         checkpoint_path=checkpoint_path)
     command = shlex.join(["python", "benchmarks/tune.py", *sys.argv[1:]])
-    out = result_json(cfg, seeds, result, args.eval_episodes, command, time.time() - wall_start, baseline)
+    out = result_json(cfg, seeds, result, args.eval_episodes, command,
+                      time.time() - wall_start, baseline)
     text = json.dumps(out, indent=1)
     if args.out:
         with open(args.out, "w") as f:

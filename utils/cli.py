@@ -70,7 +70,8 @@ def parse_args(args_type: type, check_args: Callable, description: str,
     except SystemExit as exit_:
         if exit_.code:  # tyro's box: a title line, then the message up to a rule
             rule = set("─-╰╯")
-            body = [line.strip().strip("│").strip() for line in messages.getvalue().splitlines()[1:]]
+            lines = messages.getvalue().splitlines()[1:]
+            body = [line.strip().strip("│").strip() for line in lines]
             body = list(itertools.dropwhile(lambda line: not line or set(line) <= rule, body))
             message = itertools.takewhile(lambda line: line and not set(line) <= rule, body)
             print(f"error: {' '.join(message)}", file=sys.stderr)
@@ -211,10 +212,11 @@ def estimate_memory_bytes(args) -> tuple[int, int]:
 
 
 def available_memory_bytes() -> int:
-    """Memory the OS can give this process now (MemAvailable), or all of it where that is unknown."""
+    """Memory the OS can give this process now (MemAvailable), or all of it where unknown."""
     with contextlib.suppress(OSError, ValueError, StopIteration):
         with open("/proc/meminfo") as f:
-            return int(next(line for line in f if line.startswith("MemAvailable")).split()[1]) * 1024
+            line = next(line for line in f if line.startswith("MemAvailable"))
+            return int(line.split()[1]) * 1024
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
@@ -264,7 +266,8 @@ class RunSummary(dict):
 
     def __init__(self, run_dir: str, args, wall_start: float, **fields):
         super().__init__(status="failed", **fields)
-        self.path, self.args, self.wall_start = os.path.join(run_dir, "summary.json"), args, wall_start
+        self.path = os.path.join(run_dir, "summary.json")
+        self.args, self.wall_start = args, wall_start
 
     def __enter__(self) -> "RunSummary":
         return self

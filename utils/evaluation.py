@@ -1,14 +1,15 @@
 """Run complete episodes of a discrete-action policy in a gymnax environment.
 
-`evaluate` plays `num_episodes` episodes side by side (one environment each, under `vmap`) inside one
-`jax.lax.while_loop`, and stops when every episode has ended. An episode ends when the environment says
-`terminated` or `truncated` (e.g. Breakout-MinAtar's 1000-step limit): both count as finished. gymnax
-auto-resets an environment the step it ends, so each episode's return and length are frozen at that step
-and whatever the reset environment does afterwards is ignored.
+`evaluate` plays `num_episodes` episodes side by side (one environment each, under `vmap`) inside
+one `jax.lax.while_loop`, and stops when every episode has ended. An episode ends when the
+environment says `terminated` or `truncated` (e.g. Breakout-MinAtar's 1000-step limit): both count
+as finished. gymnax auto-resets an environment the step it ends, so each episode's return and length
+are frozen at that step and whatever the reset environment does afterwards is ignored.
 
-Besides returns and lengths it keeps what behaviour diagnostics need: each episode's last observation
-(before the auto-reset), whether it terminated, a fingerprint of its observation sequence (equal
-fingerprints: the same episode), and the first `record_steps` frames of the first `num_recorded` episodes.
+Besides returns and lengths it keeps what behaviour diagnostics need: each episode's last
+observation (before the auto-reset), whether it terminated, a fingerprint of its observation
+sequence (equal fingerprints: the same episode), and the first `record_steps` frames of the first
+`num_recorded` episodes.
 
 `make_evaluate_pair` compiles ppo_breakout.py's final evaluations, both protocols and both policies,
 into one program that plays them two at a time; `compile_final_evaluation` names the pairs.
@@ -29,10 +30,10 @@ class EvalResult(NamedTuple):
     returns: jax.Array  # (num_episodes,) undiscounted return of each episode
     lengths: jax.Array  # (num_episodes,) steps in each episode
     finished: jax.Array  # (num_episodes,) True where the episode ended before `max_steps`
-    terminated: jax.Array  # (num_episodes,) True where it ended by the game's rule, not the time limit
+    terminated: jax.Array  # (num_episodes,) True where the game's rule ended it, not the time limit
     final_obs: jax.Array  # (num_episodes, *obs_shape) the observation the episode ended on
     fingerprint: jax.Array  # (num_episodes,) uint32 hash of the episode's observation sequence
-    frames: jax.Array  # (num_recorded, record_steps + 1, *obs_shape) the first episodes' observations
+    frames: jax.Array  # (num_recorded, record_steps + 1, *obs_shape) first episodes' observations
 
 
 class _EvalCarry(NamedTuple):
@@ -50,14 +51,16 @@ class _EvalCarry(NamedTuple):
 
 
 def _observation_hash(obs: jax.Array) -> jax.Array:
-    """A uint32 hash of each observation's exact bits: a fixed random weighting, summed with wrap-around."""
-    bits = jax.lax.bitcast_convert_type(obs.reshape(obs.shape[0], -1).astype(jnp.float32), jnp.uint32)
+    """A uint32 hash of each observation's exact bits:
+    a fixed random weighting, summed with wrap-around."""
+    flat = obs.reshape(obs.shape[0], -1).astype(jnp.float32)
+    bits = jax.lax.bitcast_convert_type(flat, jnp.uint32)
     weights = jax.random.bits(jax.random.key(0), bits.shape[1:], jnp.uint32) | 1
     return jnp.sum(bits * weights, axis=-1, dtype=jnp.uint32)
 
 
-@functools.partial(jax.jit, static_argnames=("env", "policy_apply", "num_episodes", "max_steps", "num_recorded",
-                                             "record_steps"))
+@functools.partial(jax.jit, static_argnames=("env", "policy_apply", "num_episodes", "max_steps",
+                                             "num_recorded", "record_steps"))
 def evaluate(
     key: jax.Array,
     policy_params: Any,
@@ -71,12 +74,14 @@ def evaluate(
     num_recorded: int = 0,
     record_steps: int | None = None,
 ) -> EvalResult:
-    """Plays `num_episodes` episodes with the policy whose logits are `policy_apply(params, obs_batch)`.
+    """Plays `num_episodes` episodes with the policy whose logits are
+    `policy_apply(params, obs_batch)`.
 
     `greedy` picks the arg-max action instead of sampling; it is traced, so sampled and greedy
-    evaluation share one compiled program, as do any `env_params` of one structure. The loop stops once
-    all episodes have ended or after `max_steps` steps; episodes still running then are reported with
-    `finished=False`. Frames are kept for the first `record_steps` steps (all `max_steps` if None).
+    evaluation share one compiled program, as do any `env_params` of one structure. The loop stops
+    once all episodes have ended or after `max_steps` steps; episodes still running then are
+    reported with `finished=False`. Frames are kept for the first `record_steps` steps (all
+    `max_steps` if None).
     """
     record_steps = max_steps if record_steps is None else min(record_steps, max_steps)
     vmap_reset = jax.vmap(env.reset, in_axes=(0, None))
@@ -99,7 +104,8 @@ def evaluate(
         running = jnp.logical_not(carry.finished)
         ends = running & (terminated | truncated)
         final_obs = info["final_observation"]  # before the auto-reset
-        # Frame t + 1 of a recorded episode is what its step t led to (the pre-reset one at its end).
+        # Frame t + 1 of a recorded episode is what its step t led to
+        # (the pre-reset one at its end).
         frames = jax.lax.cond(carry.t < record_steps, lambda f: jax.lax.dynamic_update_index_in_dim(
             f, final_obs[:num_recorded][:, None], carry.t + 1, axis=1), lambda f: f, carry.frames)
         return _EvalCarry(
@@ -110,7 +116,8 @@ def evaluate(
             lengths=carry.lengths + running.astype(jnp.int32),
             finished=carry.finished | terminated | truncated,
             terminated=carry.terminated | (ends & terminated),
-            final_obs=jnp.where(ends.reshape(-1, *[1] * (obs.ndim - 1)), final_obs, carry.final_obs),
+            final_obs=jnp.where(ends.reshape(-1, *[1] * (obs.ndim - 1)), final_obs,
+                                carry.final_obs),
             fingerprint=jnp.where(running, carry.fingerprint * jnp.uint32(16777619)
                                   ^ _observation_hash(final_obs), carry.fingerprint),
             frames=frames,
@@ -137,9 +144,10 @@ def evaluate(
                       fingerprint=final.fingerprint, frames=final.frames)
 
 
-# The two evaluation protocols. gymnax's: no sticky actions and gymnax's time limit (1000 steps, 2500 on
-# Freeway), as in gymnax's published baselines. MinAtar's (Young & Tian 2019): sticky actions 0.1 and no
-# time limit but the game's own (Freeway's: 2501 steps); SAFETY_BOUND stops an endless episode.
+# The two evaluation protocols. gymnax's: no sticky actions and gymnax's time limit (1000 steps,
+# 2500 on Freeway), as in gymnax's published baselines. MinAtar's (Young & Tian 2019): sticky
+# actions 0.1 and no time limit but the game's own (Freeway's: 2501 steps); SAFETY_BOUND stops an
+# endless episode.
 SAFETY_BOUND = 100_000
 # MinAtar's freeway.py counts a timer down from 2500 and ends when it goes below 0: on step 2501.
 GAME_TIME_LIMITS = {"Freeway-MinAtar": 2501}
@@ -151,14 +159,16 @@ def protocol_params(env_id: str, env_params: Any, protocol: str) -> Any:
     if protocol == "gymnax":
         return env_params.replace(sticky_action_prob=0.0)
     own_limit = env_params.env_params.max_steps_in_episode  # other environments keep their own
-    time_limit = GAME_TIME_LIMITS.get(env_id, SAFETY_BOUND if env_id.endswith("-MinAtar") else own_limit)
+    default_limit = SAFETY_BOUND if env_id.endswith("-MinAtar") else own_limit
+    time_limit = GAME_TIME_LIMITS.get(env_id, default_limit)
     return env_params.replace(sticky_action_prob=0.1, env_params=env_params.env_params.replace(
         max_steps_in_episode=time_limit))
 
 
 # The final evaluations: gymnax's protocol (key "") and MinAtar's ("sticky_0.1"), each with sampled
-# actions (the policy PPO trained) and greedy ones, whatever the training used. They are played in pairs
-# of indices into EVALUATIONS, one pair per policy, the sampled pair first: play.gif needs only that one.
+# actions (the policy PPO trained) and greedy ones, whatever the training used. They are played in
+# pairs of indices into EVALUATIONS, one pair per policy, the sampled pair first: play.gif needs
+# only that one.
 EVALUATIONS = [("", "sampled"), ("", "greedy"), ("sticky_0.1", "sampled"), ("sticky_0.1", "greedy")]
 EVALUATION_PAIRS = {"sampled": (0, 2), "greedy": (1, 3)}
 PROTOCOL_OF = {"": "gymnax", "sticky_0.1": "minatar"}

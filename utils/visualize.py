@@ -1,5 +1,5 @@
-"""Pictures of a trained agent: its play as a GIF, its behaviour at evaluation, its learning curve; and
-the reports that print them, log them to TensorBoard and write them into the run directory.
+"""Pictures of a trained agent: its play as a GIF, its behaviour at evaluation, its learning curve;
+and the reports that print them, log them to TensorBoard and write them into the run directory.
 
 Everything here reads results on the host (numpy arrays from `utils.evaluation.evaluate` and logged
 returns) and writes files; nothing runs under `jit`. MinAtar observations are 10x10 grids with one
@@ -33,16 +33,17 @@ GAME_CHANNELS = {
 BREAKOUT_PADDLE, BREAKOUT_BALL, BREAKOUT_BRICK = 0, 1, 3
 CHANNEL_COLOURS = (np.array(plt.get_cmap("tab10").colors) * 255).astype(np.uint8)
 CELL = 16  # pixels per grid cell
-# The GIF's 16 colours (4 bits a pixel): 0 empty, 1-10 the channels, 11 grid lines, 12 text, 15 "unchanged".
+# The GIF's 16 colours (4 bits a pixel): 0 empty, 1-10 the channels, 11 grid lines, 12 text,
+# 15 "unchanged".
 PALETTE = np.zeros((16, 3), np.uint8)
 PALETTE[1:11], PALETTE[11], PALETTE[12] = CHANNEL_COLOURS, (40, 40, 40), (255, 255, 255)
 TRANSPARENT = 15
 LABEL = 14  # pixels of the label strip above each panel
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # The agent playing
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def grids_to_pixels(obs: np.ndarray) -> np.ndarray:
     """(T, H, W, C) binary grids -> (T, H * CELL, W * CELL) palette indices: 0 is empty, c + 1 is
     channel c (a later channel drawn over an earlier one), with a dark line between cells."""
@@ -64,9 +65,9 @@ def text_strip(width: int, texts: list[tuple[int, str, int]]) -> np.ndarray:
 
 def play_gif(episodes: list[np.ndarray], titles: list[str], channel_names: list[str] | None = None,
              frame_ms: int = 50, ends: list[str] | None = None) -> bytes:
-    """A GIF of several episodes side by side, one panel each, frame t showing every episode's step t
-    (an episode that has ended stays on its last frame). Each episode is (T, H, W, C); a legend of the
-    channels' colours runs along the bottom."""
+    """A GIF of several episodes side by side, one panel each, frame t showing every episode's
+    step t (an episode that has ended stays on its last frame). Each episode is (T, H, W, C); a
+    legend of the channels' colours runs along the bottom."""
     num_frames = max(len(episode) for episode in episodes)
     height, width = episodes[0].shape[1] * CELL, episodes[0].shape[2] * CELL
     gap = 4
@@ -85,7 +86,8 @@ def play_gif(episodes: list[np.ndarray], titles: list[str], channel_names: list[
     background = np.zeros((LABEL + height + legend, total_width), np.uint8)
     for r, row in enumerate(rows):
         top = LABEL + height + r * LABEL
-        background[top:top + LABEL] = text_strip(total_width, [(x + 11, names[c], 12) for x, c in row])
+        background[top:top + LABEL] = text_strip(total_width,
+                                                 [(x + 11, names[c], 12) for x, c in row])
         for x, channel in row:  # a colour swatch before each name
             background[top + 3:top + 11, x:x + 8] = channel + 1
     # Each panel's label while its episode plays, and from its last frame on.
@@ -111,10 +113,10 @@ def play_gif(episodes: list[np.ndarray], titles: list[str], channel_names: list[
         return picture
 
     def later_frames():
-        # Pixels that did not change since the previous frame become transparent, so each frame stores
-        # only the ball's and paddle's moves (Pillow's optimize=True finds the same, frame by frame, more
-        # slowly). The frames are made one at a time, as Pillow takes them: the whole animation is never
-        # held as one array (1000 frames of three panels: 92 MB, and as much again for the comparison).
+        # Pixels that did not change since the previous frame become transparent, so each frame
+        # stores only the ball's and paddle's moves (Pillow's optimize=True finds the same, frame by
+        # frame, more slowly). The frames are made one at a time, as Pillow takes them: the whole
+        # animation is never held as one array, nor its comparison with itself shifted by a frame.
         previous = first
         for t in range(1, num_frames):
             pixels = frame(t)
@@ -123,8 +125,10 @@ def play_gif(episodes: list[np.ndarray], titles: list[str], channel_names: list[
 
     first = frame(0)
     buffer = io.BytesIO()
-    image(first).save(buffer, format="GIF", save_all=True, append_images=later_frames(), duration=frame_ms,
-                      loop=0, optimize=False, transparency=TRANSPARENT, disposal=1)  # 1: draw each frame over the last
+    # disposal=1: draw each frame over the last
+    image(first).save(buffer, format="GIF", save_all=True, append_images=later_frames(),
+                      duration=frame_ms, loop=0, optimize=False, transparency=TRANSPARENT,
+                      disposal=1)
     return buffer.getvalue()
 
 
@@ -143,17 +147,19 @@ def play_gif_of(sampled, sticky, env_id: str) -> bytes | None:
             in zip(played, episodes)]
     titles = ["episode 1", "episode 2", "sticky 0.1"]
     if env_id == "Breakout-MinAtar":
-        titles[:2] = [f"ball from the {'left' if e[0, ..., BREAKOUT_BALL].max(0).argmax() < 5 else 'right'}"
-                      for e in episodes[:2]]
+        titles[:2] = [
+            f"ball from the {'left' if e[0, ..., BREAKOUT_BALL].max(0).argmax() < 5 else 'right'}"
+            for e in episodes[:2]
+        ]
     return play_gif(episodes, titles, GAME_CHANNELS.get(env_id), ends=ends)
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Behaviour at evaluation
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def breakout_ball_lost(final_obs: np.ndarray, terminated: np.ndarray) -> dict[str, np.ndarray]:
-    """Where each terminated Breakout episode lost the ball: its column and the paddle's column on the
-    losing step, and the bricks still standing."""
+    """Where each terminated Breakout episode lost the ball: its column and the paddle's column on
+    the losing step, and the bricks still standing."""
     lost = final_obs[terminated]
     return {"ball_column": lost[..., BREAKOUT_BALL].max(axis=1).argmax(axis=-1),
             "paddle_column": lost[:, -1, :, BREAKOUT_PADDLE].argmax(axis=-1),
@@ -179,7 +185,8 @@ def behaviour_numbers(result, breakout: bool) -> dict:
     }
     if breakout:
         lost = breakout_ball_lost(result.final_obs, result.terminated)
-        numbers["ball_lost"] = {"ball_minus_paddle_column": counts(lost["ball_column"] - lost["paddle_column"]),
+        ball_minus_paddle = lost["ball_column"] - lost["paddle_column"]
+        numbers["ball_lost"] = {"ball_minus_paddle_column": counts(ball_minus_paddle),
                                 "bricks_left": counts(lost["bricks_left"])}
     return numbers
 
@@ -221,14 +228,16 @@ def behaviour_figure(results: dict, breakout: bool, title: str) -> plt.Figure:
         for label, colour in zip(labels, colours):
             r = results[label]
             left = breakout_ball_lost(r.final_obs, r.terminated)["bricks_left"]
-            axes[1, 1].hist(left, bins=np.arange(0, 32) - 0.5, histtype="step", linewidth=1.8, color=colour)
-        axes[1, 1].set(title="Bricks left on the wall when the ball is lost", xlabel="bricks", ylabel="episodes")
+            axes[1, 1].hist(left, bins=np.arange(0, 32) - 0.5, histtype="step", linewidth=1.8,
+                            color=colour)
+        axes[1, 1].set(title="Bricks left on the wall when the ball is lost", xlabel="bricks",
+                       ylabel="episodes")
     else:
         axes[1, 0].axis("off")
         axes[1, 1].axis("off")
     # One legend for all panels: each evaluation has one colour throughout.
-    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="upper center", ncols=len(labels), fontsize=10,
-               bbox_to_anchor=(0.5, 0.955))
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="upper center", ncols=len(labels),
+               fontsize=10, bbox_to_anchor=(0.5, 0.955))
     for ax in axes.flat:
         ax.tick_params(labelsize=10)
     axes[0, 2].tick_params(axis="x", labelrotation=15)
@@ -236,16 +245,17 @@ def behaviour_figure(results: dict, breakout: bool, title: str) -> plt.Figure:
     return fig
 
 
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Learning curves
-# ---------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def learning_curve_figure(steps, seconds, returns, title: str) -> plt.Figure:
     """Mean return of the training episodes that ended in each iteration, against environment steps
     and against seconds of training."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     fig.subplots_adjust(left=0.07, right=0.98, bottom=0.12, top=0.88, wspace=0.25)
     fig.suptitle(title, fontsize=13)
-    for ax, x, xlabel in ((axes[0], steps, "environment steps"), (axes[1], seconds, "seconds of training")):
+    for ax, x, xlabel in ((axes[0], steps, "environment steps"),
+                          (axes[1], seconds, "seconds of training")):
         ax.plot(x, returns, linewidth=1.5)
         ax.set(xlabel=xlabel, ylabel="episodic return (training episodes)")
         ax.grid(alpha=0.3)
@@ -259,18 +269,19 @@ def figure_to_png(fig: plt.Figure) -> bytes:
     return buffer.getvalue()
 
 
-def report_evaluations(results: dict, writer, run_dir: str, step: int, title: str, env_id: str) -> dict:
-    """Prints, logs and draws (play.gif, behaviour.png) the final evaluations, `results` holding each of
-    EVALUATION_PAIRS' results stacked, by policy; returns summary.json's `eval`: the results of
-    protocol "" at its top level, the others under their protocol. It empties `results`."""
+def report_evaluations(results: dict, writer, run_dir: str, step: int, title: str,
+                       env_id: str) -> dict:
+    """Prints, logs and draws (play.gif, behaviour.png) the final evaluations, `results` holding
+    each of EVALUATION_PAIRS' results stacked, by policy; returns summary.json's `eval`: the results
+    of protocol "" at its top level, the others under their protocol. It empties `results`."""
     breakout = env_id == "Breakout-MinAtar"  # Breakout's behaviour has panels of its own
     fetched = {}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        # The GIF is encoded in a thread (Pillow's encoder releases the GIL) once the sampled pair is here,
-        # while the other pair plays and matplotlib draws.
+        # The GIF is encoded in a thread (Pillow's encoder releases the GIL) once the sampled pair
+        # is here, while the other pair plays and matplotlib draws.
         for policy, pair in EVALUATION_PAIRS.items():
-            # A pair's device arrays go once its host copy is made, and only the sampled pair's recorded
-            # frames come over, for play.gif (26 MB a pair in Breakout).
+            # A pair's device arrays go once its host copy is made, and only the sampled pair's
+            # recorded frames come over, for play.gif.
             pair_results = results.pop(policy)
             if policy != "sampled":
                 pair_results = pair_results._replace(frames=None)
@@ -281,16 +292,22 @@ def report_evaluations(results: dict, writer, run_dir: str, step: int, title: st
         by_protocol, labelled = {}, {}
         for i, (protocol, mode) in enumerate(EVALUATIONS):
             result = fetched[i]
-            assert result.finished.all(), "an evaluation episode outran the environment's time limit"
+            assert result.finished.all(), (
+                "an evaluation episode outran the environment's time limit"
+            )
             labelled[f"{mode}, {protocol.replace('_', ' ')}" if protocol else mode] = result
-            numbers = by_protocol.setdefault(protocol, {})[mode] = behaviour_numbers(result, breakout)
-            if protocol:  # MinAtar's protocol has no time limit: how many episodes the safety bound stopped
-                numbers["safety_bound_episodes"] = int((result.lengths >= evaluation.SAFETY_BOUND).sum())
+            numbers = behaviour_numbers(result, breakout)
+            by_protocol.setdefault(protocol, {})[mode] = numbers
+            # MinAtar's protocol has no time limit: how many episodes the safety bound stopped
+            if protocol:
+                stopped = result.lengths >= evaluation.SAFETY_BOUND
+                numbers["safety_bound_episodes"] = int(stopped.sum())
             tag = f"eval/{protocol}/{mode}" if protocol else f"eval/{mode}"
             writer.add_scalar(f"{tag}_return", numbers["mean"], step)
             writer.add_scalar(f"{tag}_distinct_episodes", numbers["distinct_episodes"], step)
             print(f"eval ({mode:>7}{', ' + protocol.replace('_', ' ') if protocol else ''}, "
-                  f"{len(result.returns)} episodes): return {numbers['mean']:.2f} ± {numbers['std']:.2f}, "
+                  f"{len(result.returns)} episodes): "
+                  f"return {numbers['mean']:.2f} ± {numbers['std']:.2f}, "
                   f"{numbers['distinct_episodes']} distinct")
         logger.write_picture(writer, run_dir, "behaviour.png", "eval/behaviour",
                       figure_to_png(behaviour_figure(labelled, breakout, title)), step)
