@@ -549,10 +549,10 @@ def test_training_diagnostics_against_numpy_on_one_and_two_devices():
     # The same, with the batch and log-ratios split over two devices as the data-parallel step
     # leaves them: XLA adds the reductions.
     mesh = parallel.make_mesh(2)
-    parallel = jax.jit(diagnostics.training_diagnostics)(
+    sharded = jax.jit(diagnostics.training_diagnostics)(
         jax.device_put(batch, NamedSharding(mesh, P("envs"))), active.any(axis=0),
         jax.device_put(log_ratio, NamedSharding(mesh, P(None, None, "envs"))))
-    for result in (single, parallel):
+    for result in (single, sharded):
         for name, value in expected.items():
             np.testing.assert_allclose(result[name], value, rtol=1e-5, err_msg=name)
         np.testing.assert_allclose(result["action_frequency"], [0.5, 0.25, 0.25])
@@ -594,11 +594,11 @@ def test_data_parallel_epoch_equals_the_single_device_epoch_on_the_whole_minibat
                           moments=ppo.moments_over_devices),
         mesh=parallel.make_mesh(2), in_specs=(P(), P(), P("envs")), out_specs=(P(), P()),
         check_vma=False)
-    (parallel, _), _ = jax.jit(step)(train_state, key, mb)
+    (sharded, _), _ = jax.jit(step)(train_state, key, mb)
 
     moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), single, params)
     assert min(jax.tree.leaves(moved)) > 1e-4  # a real step, not a no-op
-    for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(parallel)):
+    for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
@@ -945,14 +945,14 @@ def run_main(monkeypatch, capsys, cwd, *flags) -> tuple[int, list[str]]:
 def test_a_damaged_or_mismatched_model_is_refused_with_one_line(tiny_run, tmp_path, monkeypatch, capsys):
     _, train_dir = tiny_run
     model = os.path.join(train_dir, "model.safetensors")
-    files = tmp_path / "files"
-    files.mkdir()
+    folder = tmp_path / "files"
+    folder.mkdir()
     cases = {name: ([path], "not a readable safetensors file")
-             for name, path in damaged_copies(model, files).items()}
+             for name, path in damaged_copies(model, folder).items()}
     cases["a NaN weight"] = (cases["a NaN weight"][0], "holds non-finite parameters")
-    cases["missing"] = ([str(files / "nothing.safetensors")], "no such file")
-    cases["a directory"] = ([str(files)], f"--load-model {files} is a directory, not a file")
-    garbled = str(files / "garbled.safetensors")
+    cases["missing"] = ([str(folder / "nothing.safetensors")], "no such file")
+    cases["a directory"] = ([str(folder)], f"--load-model {folder} is a directory, not a file")
+    garbled = str(folder / "garbled.safetensors")
     tensors, header = files.read_safetensors(model, "--load-model")
     safetensors.numpy.save_file(tensors, garbled, header | {"hidden_sizes": "[64,"})
     cases["a garbled header"] = ([garbled], f"{garbled}: the header's hidden_sizes is not valid JSON ('[64,')")
