@@ -1,6 +1,6 @@
-"""Tests of ppo_breakout.py's data parallelism (its "Data parallel" section, with utils/parallel.py):
-on two devices (conftest.py gives JAX's CPU backend two) the rollout, an epoch and the update step
-compute what they compute on one."""
+"""Tests of ppo_breakout.py's data parallelism (its "Data parallel" section, with
+utils/parallel.py): on two devices (conftest.py gives JAX's CPU backend two) the rollout, an epoch
+and the update step compute what they compute on one."""
 
 import functools
 

@@ -1,6 +1,7 @@
 """The scripts run the way a user runs them, in this process or as a subprocess with tiny flags:
 ppo_breakout.py (what a run leaves, learning, every game, model files played back, bad input, a
-non-finite loss, signals) and loss_stability.py. Resuming ppo_breakout.py: test_scripts_resume.py."""
+non-finite loss, signals) and loss_stability.py. Resuming ppo_breakout.py:
+test_scripts_resume.py."""
 
 import csv
 import glob

@@ -1,7 +1,7 @@
-"""ppo_breakout.py --resume, run the way a user runs it: a run stopped by a signal, kill -9 or a kill
-in the middle of writing a checkpoint, then resumed, ends as the run that was never interrupted, to
-the last bit; a checkpoint that cannot be resumed is refused with one line, and nothing is
-overwritten."""
+"""ppo_breakout.py --resume, run the way a user runs it: a run stopped by a signal, kill -9 or a
+kill in the middle of writing a checkpoint, then resumed, ends as the run that was never
+interrupted, to the last bit; a checkpoint that cannot be resumed is refused with one line, and
+nothing is overwritten."""
 
 import contextlib
 import glob
