@@ -1,16 +1,14 @@
 """loss_stability.py: the four losses agree where they should and break where the float format says
 they must; the log-space losses are rlax's; the reference is exact far beyond float64 and its hand-derived
 gradient is autodiff's; the published conclusions hold; each figure draws each method under its own name;
-the docs page shows the committed numbers; the script runs the way a user runs it and turns bad
-arguments away."""
+the docs page shows the committed numbers; check_args names the flag at its boundaries. The script
+run the way a user runs it: test_scripts.py."""
 
 import csv
 import dataclasses
 import json
 import math
 import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -25,15 +23,8 @@ import loss_stability as ls
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIGURE_DIR = os.path.join(REPO_ROOT, "docs", "figures", "loss_stability")
-FIGURES = ["gradient_sweep.png", "loss_sweep.png", "safe_zone_ulps.png"]
-OUTPUT_FILES = sorted(FIGURES + ["summary.json", "sweep_large.csv", "sweep_safe.csv"])
-
-
-@pytest.fixture(autouse=True)
-def float64_available():
-    """The study puts float32 and float64 side by side, as the script does once its args are parsed."""
-    with jax.enable_x64(True):
-        yield
+# The study puts float32 and float64 side by side (conftest.py's float64_available).
+pytestmark = pytest.mark.usefixtures("float64_available")
 
 
 def random_batch(seed, batch_size=64, num_actions=4):
@@ -508,120 +499,3 @@ def test_check_args_names_the_flag_at_the_boundaries():
     ]:
         problem = ls.check_args(bad)
         assert problem and "\n" not in problem and problem.startswith(flag + " "), (bad, problem)
-
-
-def run_script(*flags):
-    command = [sys.executable, "loss_stability.py", *flags]
-    return subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
-
-
-def png_size(path):
-    """(width, height) from a PNG's header."""
-    data = path.read_bytes()
-    assert data.startswith(b"\x89PNG")
-    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-
-
-def test_main_writes_what_its_summary_says(tmp_path, monkeypatch, capsys):
-    # In-process (so that coverage and mutation tools see it), on the smallest grid the script accepts.
-    out_dir = tmp_path / "out"
-    out_dir.mkdir()  # rerunning into an existing directory is how the docs' copies are regenerated
-    monkeypatch.setattr(sys, "argv", ["loss_stability.py", "--out-dir", str(out_dir), "--num-points",
-                                      str(ls.MIN_POINTS)])
-    y_labels, save_figure = {}, ls.save_figure
-    monkeypatch.setattr(ls, "save_figure", lambda fig, path: (
-        y_labels.update({os.path.basename(path): fig.get_supylabel()}), save_figure(fig, path)))
-    with jax.enable_x64(False):  # as a user's process starts: main() must turn float64 on itself
-        ls.main()
-    assert sorted(os.listdir(out_dir)) == OUTPUT_FILES and not ls.plt.get_fignums()
-    for figure in FIGURES:
-        assert png_size(out_dir / figure) == (1200, 1350)  # 12 x 13.5 inches at 100 dpi
-    # Each figure's axis says what it plots.
-    assert "relative error of the loss" in y_labels["loss_sweep.png"]
-    assert "gradient error" in y_labels["gradient_sweep.png"] and "ulps" in y_labels["safe_zone_ulps.png"]
-    summary = json.loads((out_dir / "summary.json").read_text())
-    assert summary["args"]["num_points"] == ls.MIN_POINTS
-    out = capsys.readouterr().out
-    assert out.startswith("\n\n".join(ls.format_tables(summary))) and out.endswith(f"to {out_dir}\n")
-
-    # The summary: each dtype computed in its own precision, checked against its own float format.
-    for dtype in ls.DTYPES:
-        name = np.dtype(dtype).name
-        assert summary["exp_flushes_subnormals"][name] == ls.exp_flushes_subnormals(dtype)
-        predicted = ls.predicted_breaks(dtype, 0.99, ls.exp_flushes_subnormals(dtype))
-        for method, t in summary["thresholds"][name].items():
-            assert t["matches_prediction"] and t["predicted"] == json.loads(json.dumps(predicted[method]))
-        safe = summary["safe_zone_ulp_error"][name]
-        errors = [s["max_abs_loss_error"] for s in safe.values()]
-        assert (1e-9 < min(errors) and max(errors) < 1e-5) if name == "float32" else max(errors) < 1e-13
-        assert set(summary["log_space_paired_not_worse"][name]) == {
-            "sweep 1 loss", "sweep 1 gradient", "sweep 2 loss (ulps)", "sweep 2 gradient"
-        }
-    for sweep, (low, high) in [("sweep 1", (-1000, 1000)), ("sweep 2", (-20, 20))]:
-        assert summary["windows"][sweep]["edges"] == np.linspace(low, high, ls.NUM_WINDOWS + 1).tolist()
-
-    # The CSVs: one column per dtype, method and quantity, agreeing with what the summary reports.
-    with open(out_dir / "sweep_large.csv") as f:
-        large = list(csv.DictReader(f))
-    with open(out_dir / "sweep_safe.csv") as f:
-        safe = list(csv.DictReader(f))
-    assert len(large) == len(safe) == ls.MIN_POINTS
-    assert all(v == "%.6g" % float(v) for row in large + safe for v in row.values())  # 6 digits, "nan", "inf"
-    np.testing.assert_allclose([float(r["m"]) for r in large], np.linspace(-1000, 1000, ls.MIN_POINTS))
-    np.testing.assert_allclose([float(r["m"]) for r in safe], np.linspace(-20, 20, ls.MIN_POINTS))
-    quantities = {"loss", "loss_rel_error", "grad_error"}
-    assert set(large[0]) == {"m"} | {f"{name}/reference/loss" for name in ("float32", "float64")} | {
-        f"{name}/{method}/{q}" for name in ("float32", "float64") for method in ls.METHODS for q in quantities
-    }
-    for name in ("float32", "float64"):
-        for method in ls.METHODS:
-            column = lambda rows, q: np.array([float(r[f"{name}/{method}/{q}"]) for r in rows])
-            for q, key in [("loss_rel_error", "loss"), ("grad_error", "grad")]:
-                errors = column(large, q)
-                largest = summary["thresholds"][name][method]["largest_finite_error"][key]
-                np.testing.assert_allclose(errors[np.isfinite(errors)].max(), largest, rtol=1e-5)
-            stats = summary["safe_zone_ulp_error"][name][method]
-            np.testing.assert_allclose(np.abs(column(safe, "ulp_error")).max(), stats["max_abs"], rtol=1e-5)
-            np.testing.assert_allclose(column(safe, "grad_error").max(), stats["max_grad_error"], rtol=1e-5)
-
-
-def test_script_runs_from_the_shell(tmp_path):
-    out_dir = tmp_path / "out"
-    result = run_script("--out-dir", str(out_dir), "--num-points", str(ls.MIN_POINTS))
-    assert result.returncode == 0, result.stderr
-    assert sorted(os.listdir(out_dir)) == OUTPUT_FILES
-    summary = json.loads((out_dir / "summary.json").read_text())
-    assert result.stdout.startswith("\n\n".join(ls.format_tables(summary)))
-
-
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--min-logit", "5", "--max-logit", "5"], "must be below --max-logit"),
-        (["--num-points", "0"], "--num-points must be at least 65"),
-        (["--out-dir", "{blocker}/figures"], "is a file, not a directory"),
-        (["--out-dir", "{tmp}/" + "x" * 300], "File name too long"),  # passes the checks, fails makedirs
-    ],
-)
-def test_bad_args_exit_2_with_one_error_line_and_write_nothing(tmp_path, monkeypatch, capsys, flags, message):
-    blocker = tmp_path / "blocker"
-    blocker.write_text("a regular file where a directory would have to be")
-    flags = [flag.format(blocker=blocker, tmp=tmp_path) for flag in flags]
-    if "--out-dir" not in flags:
-        flags += ["--out-dir", str(tmp_path / "out")]
-    monkeypatch.setattr(sys, "argv", ["loss_stability.py", *flags])
-    with pytest.raises(SystemExit) as exit_info:
-        ls.main()
-    assert exit_info.value.code == 2
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], captured.err
-    assert sorted(os.listdir(tmp_path)) == ["blocker"] and captured.out == ""
-
-
-def test_unwritable_out_dir_exits_2_from_the_shell(tmp_path):
-    blocker = tmp_path / "blocker"
-    blocker.write_text("")
-    result = run_script("--out-dir", str(blocker / "figures"))
-    assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.strip() == f"error: --out-dir {blocker}/figures: {blocker} is a file, not a directory"

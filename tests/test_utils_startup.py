@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import jax
+
 from utils import startup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -16,6 +18,11 @@ TINY = ["--total-timesteps", "512", "--num-envs", "8", "--num-steps", "32", "--n
 UNCAPPED = ("import jax; jax.config.update('jax_compilation_cache_dir', {!r}); "
             "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0); "
             "jax.jit(lambda x: x * 3 + 1)(1.0).block_until_ready()")
+
+
+def test_the_compilation_cache_is_capped(tiny_run):
+    # A search compiles a program per setting: without a cap the persistent cache grows without bound.
+    assert jax.config.jax_compilation_cache_max_size == startup.CACHE_MAX_BYTES > 0
 
 
 def test_entries_without_an_access_time_get_the_oldest_one(tmp_path):

@@ -1,6 +1,7 @@
-"""Checkpoints and --resume: a run stopped by a signal, kill -9 or a kill in the middle of writing a
-checkpoint, then resumed, ends as the run that was never interrupted, to the last bit; a checkpoint
-that cannot be resumed is refused with one line, and nothing is overwritten."""
+"""ppo_breakout.py --resume, run the way a user runs it: a run stopped by a signal, kill -9 or a
+kill in the middle of writing a checkpoint, then resumed, ends as the run that was never
+interrupted, to the last bit; a checkpoint that cannot be resumed is refused with one line, and
+nothing is overwritten."""
 
 import contextlib
 import glob
@@ -12,18 +13,15 @@ import signal
 import subprocess
 import sys
 
-import jax
-import numpy as np
 import pytest
 import safetensors.numpy
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.compat.proto.event_pb2 import SessionLog
 
 import ppo_breakout as ppo
-from utils import checkpoint, cli, files, logger
+from helpers import ROOT, logged_events, only_run_dir
+from utils import checkpoint, files
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 64 iterations of 2048 steps, a checkpoint every 8: long enough to be killed in the middle.
 ITERATIONS, EVERY = 64, 8
 FLAGS = ["--total-timesteps", str(ITERATIONS * 2048), "--num-envs", "16", "--num-steps", "128",
@@ -59,11 +57,6 @@ def checkpoint_iteration(run_dir) -> int:
         return files.header_value("", f.metadata(), "iteration")
 
 
-def only_run_dir(path) -> str:
-    (run_dir,) = glob.glob(os.path.join(str(path), "runs", "*"))
-    return run_dir
-
-
 def what_a_run_ends_with(run_dir) -> dict:
     """Every tensor of model.safetensors and of the last checkpoint (but the seconds of its learning
     curve) as bytes, every logged scalar but SPS, and the evaluation."""
@@ -80,12 +73,6 @@ def what_a_run_ends_with(run_dir) -> dict:
         summary = json.load(f)
     return {"params": {name: (t.dtype, t.shape, t.tobytes()) for name, t in tensors.items()},
             "scalars": scalars, "eval": summary["eval"], "status": summary["status"]}
-
-
-def logged_events(logdir) -> list:
-    """Every event on disk in `logdir`'s event files, in the order TensorBoard reads them."""
-    files = sorted(glob.glob(os.path.join(str(logdir), "events.out.tfevents.*")))
-    return [event for path in files for event in EventFileLoader(path).Load()]
 
 
 @pytest.fixture(scope="module")
@@ -252,54 +239,3 @@ def test_a_run_that_cannot_be_resumed_is_refused_with_one_line_and_nothing_chang
     assert status == 2
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
     assert contents() == before
-
-
-# --------------------------------------------------------------------------------------------------
-# The pieces
-# --------------------------------------------------------------------------------------------------
-def test_a_state_with_a_typed_key_round_trips_bit_for_bit(tmp_path):
-    state = {"key": jax.random.split(jax.random.key(3), 4), "flags": np.array([True, False]),
-             "x": np.arange(6, dtype=np.float32).reshape(2, 3)}
-    path = str(tmp_path / "state.safetensors")
-    files.write_atomically(path, checkpoint.state_bytes({"state": state}, {}))
-    tensors, header = files.read_safetensors(path, "")
-    restored = checkpoint.restore(path, tensors, header, "state", state)
-    np.testing.assert_array_equal(jax.random.key_data(restored["key"]),
-                                  jax.random.key_data(state["key"]))
-    assert restored["key"].dtype == state["key"].dtype
-    np.testing.assert_array_equal(restored["x"], state["x"])
-    np.testing.assert_array_equal(restored["flags"], state["flags"])
-    with pytest.raises(ValueError, match=r"does not hold state\['x'\] as float32\[2, 4\]"):
-        checkpoint.restore(path, tensors, header, "state",
-                           state | {"x": np.zeros((2, 4), np.float32)})
-
-
-@pytest.mark.parametrize("argv, given", [
-    (["--hidden-sizes", "8", "8", "--seed=3"], {"hidden_sizes", "seed"}),
-    (["--hidden_sizes", "8", "--no-save-model"], {"hidden_sizes", "save_model"}),
-    (["--exp-name", "seed"], {"exp_name"}),
-    ([], set()),
-])
-def test_the_flags_a_command_line_gives_are_found(argv, given):
-    assert cli.given_fields(ppo.Args, argv) == given
-
-
-def test_what_was_logged_before_a_checkpoint_is_on_disk_once_the_checkpoint_is(tmp_path):
-    log = logger.RunLog(str(tmp_path), step=0)
-    log.add_scalar("charts/x", 1.0, 7)
-    checkpoints = checkpoint.Checkpointer(ppo.__file__, str(tmp_path), ppo.Args(), log)
-    checkpoints.save({"x": np.zeros(3)}, checkpoint.fresh_start(), step=7)
-    checkpoints.wait()
-    assert os.path.exists(tmp_path / checkpoint.CHECKPOINT)
-    assert [e.step for e in logged_events(tmp_path) if e.summary.value] == [7]  # the log not closed
-    log.add_scalar("charts/x", 2.0, 8)  # and still open: one event file for the whole run
-    log.close()
-    assert len(glob.glob(str(tmp_path / "events.out.tfevents.*"))) == 1
-
-
-def test_a_resumed_log_starts_by_dropping_what_was_logged_after_its_checkpoint(tmp_path):
-    logger.RunLog(str(tmp_path), step=0).close()
-    log = logger.RunLog(str(tmp_path), step=4096, purge_step=4097)  # a new second: a new file
-    log.close()
-    starts = [e.step for e in logged_events(tmp_path) if e.session_log.status == SessionLog.START]
-    assert starts == [4097]

@@ -1,16 +1,73 @@
-"""utils/env.py's games against the original MinAtar (minatar 1.0.15, numpy), the reference that
-"MinAtar's protocol" follows: the same actions and channels in all five games, Freeway's episodes
-ending on the same step, and Breakout and SpaceInvaders played in lockstep."""
+"""Tests of utils/env.py: sticky actions against their definition, and the games make_env makes
+against the original MinAtar (minatar 1.0.15, numpy), the reference that "MinAtar's protocol"
+follows: the same actions and channels in all five games, Freeway's episodes ending on the same
+step, and Breakout and SpaceInvaders played in lockstep."""
 
+import gymnax
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from minatar import Environment
 
+from probe_envs import ProbeEnv
 from utils import evaluation, visualize
-from utils.env import make_env
+from utils.env import StickyActions, StickyParams, make_env
 
+
+# --------------------------------------------------------------------------------------------------
+# Sticky actions
+# --------------------------------------------------------------------------------------------------
+def sticky_rollout(env, env_params, actions: np.ndarray, key: jax.Array):
+    """Steps one environment through `actions`: (executed actions, observations, done flags)."""
+    obs, state = env.reset(jax.random.key(0), env_params)
+
+    def step(carry, action_and_key):
+        state, _ = carry
+        action, step_key = action_and_key
+        obs, state, reward, terminated, truncated, _ = env.step(step_key, state, action, env_params)
+        executed = state.last_action if hasattr(state, "last_action") else action
+        return (state, obs), (executed, obs, terminated | truncated)
+
+    _, out = jax.lax.scan(step, (state, obs), (jnp.asarray(actions), jax.random.split(key, len(actions))))
+    return jax.device_get(out)
+
+
+def test_sticky_actions_at_zero_change_nothing():
+    # The wrapper draws with a key of its own, so at probability 0 the game sees the same keys.
+    actions = np.random.default_rng(0).integers(0, 3, 300)
+    base, base_params = gymnax.make("Breakout-MinAtar")
+    env, env_params = make_env("Breakout-MinAtar", 0.0)
+    wrapped = sticky_rollout(env, env_params, actions, jax.random.key(5))
+    plain = sticky_rollout(base, base_params, actions, jax.random.key(5))
+    np.testing.assert_array_equal(wrapped[0], actions)
+    np.testing.assert_array_equal(wrapped[1], plain[1])
+    np.testing.assert_array_equal(wrapped[2], plain[2])
+
+
+def test_sticky_actions_repeat_the_executed_action_with_the_given_probability():
+    prob, num_steps = 0.25, 20_000
+    actions = np.random.default_rng(0).integers(0, 2, num_steps)
+    env = StickyActions(ProbeEnv())  # episodes of 2-4 steps: thousands of episode boundaries
+    executed, _, done = sticky_rollout(env, StickyParams(ProbeEnv().default_params, prob),
+                                       actions, jax.random.key(1))
+    previous = np.concatenate([[0], executed[:-1]])  # the first episode starts from action 0 (no-op)
+    # Each step executes either the chosen action or the previous executed one, nothing else...
+    assert np.all((executed == actions) | (executed == previous))
+    # ... and repeats where the choice differs with probability prob (binomial: 4 standard errors).
+    differs = actions != previous
+    repeated = (executed == previous)[differs].mean()
+    assert abs(repeated - prob) < 4 * np.sqrt(prob * (1 - prob) / differs.sum()), repeated
+    # The last action carries over into the next episode, as in MinAtar: after a boundary the first
+    # step repeats it as often as any other step.
+    first = np.concatenate([[False], done[:-1]]) & differs
+    assert first.sum() > 1000
+    assert abs((executed == previous)[first].mean() - prob) < 4 * np.sqrt(prob * (1 - prob) / first.sum())
+
+
+# --------------------------------------------------------------------------------------------------
+# The original MinAtar's five games: actions, channels, Freeway's episode length
+# --------------------------------------------------------------------------------------------------
 ORIGINAL_NAMES = {"Asterix-MinAtar": "asterix", "Breakout-MinAtar": "breakout",
                   "Freeway-MinAtar": "freeway", "SpaceInvaders-MinAtar": "space_invaders",
                   "Seaquest-MinAtar": "seaquest"}
@@ -30,9 +87,6 @@ def original_channels(original: Environment) -> list[str]:
     return [spelling(name) for name in sorted(channels, key=channels.get)]
 
 
-# --------------------------------------------------------------------------------------------------
-# All five games: actions, channels, Freeway's episode length
-# --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("env_id", ORIGINAL_NAMES)
 def test_actions_are_the_originals_minimal_action_set(env_id):
     env, env_params = make_env(env_id, 0.0)
@@ -87,7 +141,7 @@ def test_freeway_episodes_end_where_the_originals_do():
 
 
 # --------------------------------------------------------------------------------------------------
-# Breakout and SpaceInvaders in lockstep
+# Breakout and SpaceInvaders in lockstep with the original
 # --------------------------------------------------------------------------------------------------
 def follow_the_ball(obs: np.ndarray, rng: np.random.Generator) -> int:
     """Breakout: steer the paddle to where the ball goes next (n, l, r), at random 1 time in 10."""

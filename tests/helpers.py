@@ -1,0 +1,127 @@
+"""What several test files share: the games, a probe policy for the script's rollout, and
+ppo_breakout.py run the way a user runs it, with readers of what a run leaves (conftest.py's
+`tiny_run` is one such run)."""
+
+import contextlib
+import glob
+import io
+import json
+import os
+import subprocess
+import sys
+import typing
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+import ppo_breakout as ppo
+from probe_envs import ProbeEnv
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "ppo_breakout.py")
+GAMES = ["Asterix-MinAtar", "Breakout-MinAtar", "Freeway-MinAtar", "SpaceInvaders-MinAtar",
+         "Seaquest-MinAtar"]
+
+
+# --------------------------------------------------------------------------------------------------
+# A policy with known answers on the probe environment, for the script's rollout
+# --------------------------------------------------------------------------------------------------
+def always_action_one(obs, return_features=False):
+    """Action 1 with certainty; the value is the probe's clock, time / 10, so v(o) tells which o it saw."""
+    logits, value = jnp.tile(jnp.array([-20.0, 20.0]), (obs.shape[0], 1)), obs[:, 0]
+    return (logits, value, obs) if return_features else (logits, value)
+
+
+def probe_runner(key: jax.Array, num_envs: int = 16) -> ppo.RunnerState:
+    """Fresh ProbeEnv environments for `always_action_one`, which has no parameters to train."""
+    env = ProbeEnv()
+    reset_key, key = jax.random.split(key)
+    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, num_envs),
+                                                            env.default_params)
+    return ppo.RunnerState(train_state=ppo.TrainState({}, None), env_state=env_state, obs=obs,
+                           episode_return=jnp.zeros(num_envs), episode_length=jnp.zeros(num_envs, jnp.int32),
+                           key=key)
+
+
+def assert_truncated_steps_carry_the_value_of_final_obs(traj: ppo.Transition):
+    # v(final_obs) is the value of the observation reached (time 4 / 10), not of the reset one (time
+    # 0), on truncated steps; every other step carries 0, as GAE does not read it there.
+    truncated, final_value = np.asarray(traj.truncated), np.asarray(traj.final_value)
+    assert truncated.any()
+    np.testing.assert_allclose(final_value[truncated], 0.4, rtol=1e-6)
+    assert np.all(final_value[~truncated] == 0.0)
+
+
+# --------------------------------------------------------------------------------------------------
+# The script run as a user runs it, and what a run leaves
+# --------------------------------------------------------------------------------------------------
+def network_args(args) -> dict:
+    """What the script writes into a model file's header to rebuild the network."""
+    return {name: getattr(args, name) for name in ppo.NETWORK_ARGS}
+
+
+def run_script(tmp_path, *flags, timeout=600):
+    return subprocess.run([sys.executable, SCRIPT, *flags], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+class Finished(typing.NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_in_process(cwd, *flags) -> Finished:
+    """main() in this process, as `python ppo_breakout.py FLAGS` run in `cwd`: what the script does,
+    where a mutation-testing tool can see which test ran which function (it cannot in a subprocess)."""
+    out, err = io.StringIO(), io.StringIO()
+    old_cwd, old_argv = os.getcwd(), sys.argv
+    try:
+        os.chdir(cwd)
+        sys.argv = ["ppo_breakout.py", *flags]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                ppo.main()
+                code = 0
+            except SystemExit as exit_:
+                code = exit_.code or 0
+    finally:
+        os.chdir(old_cwd)
+        sys.argv = old_argv
+    return Finished(code, out.getvalue(), err.getvalue())
+
+
+TINY = ["--total-timesteps", "4096", "--num-envs", "16", "--num-steps", "128", "--num-minibatches", "4",
+        "--update-epochs", "1", "--eval-episodes", "8", "--seed", "3"]
+
+
+def only_run_dir(path) -> str:
+    (run_dir,) = glob.glob(os.path.join(str(path), "runs", "*"))
+    return run_dir
+
+
+def read_summary(run_dir) -> dict:
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        return json.load(f)
+
+
+def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
+    events = EventAccumulator(run_dir, size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def logged_events(logdir) -> list:
+    """Every event on disk in `logdir`'s event files, in the order TensorBoard reads them."""
+    files = sorted(glob.glob(os.path.join(str(logdir), "events.out.tfevents.*")))
+    return [event for path in files for event in EventFileLoader(path).Load()]
+
+
+def tiny_network_params(args: ppo.Args) -> hk.Params:
+    """Freshly initialised parameters of the network `args` describes: the shapes a saved model must have."""
+    network = ppo.make_network(3, args.hidden_sizes, args.activation, args.layer_norm, args.conv_channels)
+    return network.init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))

@@ -1,0 +1,181 @@
+"""Tests of benchmarks/tune.py: bad input, a killed run resumed, seeds that do not depend on their
+neighbours, the network its settings describe, the stability record, a baseline compared on this
+run's seeds, and the harness run as a user runs it. Its statistics: test_benchmarks_stats.py."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from benchmarks import stats, tune
+
+TUNE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "tune.py")
+TINY = ["--ppo.total-timesteps", "4096", "--ppo.num-envs", "16", "--ppo.num-steps", "128",
+        "--ppo.num-minibatches", "4", "--ppo.update-epochs", "1", "--eval-episodes", "8"]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    """One compilation cache for this module's runs: the second run of a setting loads its programs."""
+    return str(tmp_path_factory.mktemp("jax_cache"))
+
+
+def run_harness(cwd, *flags):
+    return subprocess.run([sys.executable, TUNE, *TINY, *flags], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--num-seeds", "0"], "error: --num-seeds must be positive, got 0"),
+    (["--ppo.update-epochs", "0"], "error: --update-epochs must be positive, got 0"),
+    (["--num-devices", "3"], "error: --num-devices 3 is more than the 2 devices JAX has"),
+    (["--baseline", "other_seeds.json"], "error: --baseline other_seeds.json has no result for seed 2"),
+])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, flags, message):
+    (tmp_path / "other_seeds.json").write_text(json.dumps({"seeds": [1, 3], "eval_returns": [1.0, 2.0]}))
+    result = run_harness(tmp_path, "--out", "out.json", *flags)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [message]
+    assert result.stdout == ""
+    assert sorted(os.listdir(tmp_path)) == ["other_seeds.json"]
+
+
+def test_a_killed_harness_run_resumes_from_its_last_chunk_bit_for_bit(tmp_path, cache_dir):
+    flags = ["--num-seeds", "3", "--num-chunks", "4", "--ppo.total-timesteps", "8192",
+             "--stability", "--ppo.jax-cache-dir", cache_dir]
+    whole = run_harness(tmp_path, *flags)
+    assert whole.returncode == 0, whole.stderr
+    command = [sys.executable, TUNE, *TINY, *flags, "--checkpoint-dir", "saved"]
+    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        for line in process.stderr:
+            if line.startswith("chunk  1/4"):  # the checkpoint of chunk 1 is on disk
+                break
+        process.send_signal(signal.SIGKILL)
+        process.communicate(timeout=60)
+    finally:
+        process.kill()
+    checkpoint_file = tmp_path / "saved" / tune.CHECKPOINT
+    saved = checkpoint_file.read_bytes()
+
+    # Another setting in the same directory is refused, and the checkpoint is left as it was.
+    other = run_harness(tmp_path, *flags, "--checkpoint-dir", "saved",
+                        "--ppo.learning-rate", "0.001")
+    assert other.returncode == 2 and other.stderr.strip().splitlines() == [
+        f"error: saved/{tune.CHECKPOINT} is of a run with --ppo.learning-rate 0.005, not 0.001; "
+        f"give another --checkpoint-dir or remove it"]
+    assert checkpoint_file.read_bytes() == saved
+
+    # The same command again resumes.
+    resumed = run_harness(tmp_path, *flags, "--checkpoint-dir", "saved")
+    assert resumed.returncode == 0, resumed.stderr
+    assert "chunk  1/4" not in resumed.stderr and "chunk  4/4" in resumed.stderr
+    first, again = json.loads(whole.stdout), json.loads(resumed.stdout)
+    for key in ("seeds", "eval_returns", "curve", "summary", "pooled_curve", "changed_args",
+                "stability"):
+        assert again[key] == first[key], key
+
+
+def test_a_seed_trains_the_same_beside_any_seeds_on_any_number_of_devices():
+    cfg = tune.ppo_breakout.fill_runtime_fields(tune.ppo_breakout.Args(
+        total_timesteps=4096, num_envs=16, num_steps=128, num_minibatches=4, update_epochs=1))
+    # Seeds 1-3 on two devices (one padding seed) against seed 2 alone on one device.
+    together = tune.train_seeds(cfg, [1, 2, 3], eval_episodes=8, num_chunks=2, num_devices=2)
+    alone = tune.train_seeds(cfg, [2], eval_episodes=8, num_chunks=2, num_devices=1)
+    assert together.eval_returns.shape == (3,)
+    np.testing.assert_array_equal(together.eval_returns[1:2], alone.eval_returns)
+    np.testing.assert_array_equal(together.return_sums[1:2], alone.return_sums)
+    np.testing.assert_array_equal(together.episodes[1:2], alone.episodes)
+    assert not np.array_equal(together.return_sums[0], together.return_sums[1])  # the seeds do differ
+
+
+def test_the_harness_builds_the_network_its_settings_describe(monkeypatch):
+    class Built(Exception):
+        pass
+
+    def build(*args, **kwargs):  # the network the harness asks for, and no training after it
+        raise Built(make_network(*args, **kwargs))
+
+    make_network = tune.ppo_breakout.make_network
+    monkeypatch.setattr(tune.ppo_breakout, "make_network", build)
+    cfg = tune.ppo_breakout.fill_runtime_fields(tune.ppo_breakout.Args(
+        total_timesteps=4096, num_envs=16, num_steps=128, hidden_sizes=(8,), activation="relu",
+        layer_norm=False, conv_channels=2))
+    with pytest.raises(Built) as built:
+        tune.train_seeds(cfg, [1], eval_episodes=8, num_chunks=1, num_devices=1)
+    params = built.value.args[0].init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
+    assert params["conv"]["w"].shape == (3, 3, 4, 2) and params["torso_0"]["w"].shape == (50, 8)
+    assert "torso_norm_0" not in params and params["policy"]["w"].shape == (8, 3)  # ReLU: 8 features
+
+
+def test_stability_records_the_logit_gap_the_log_ratio_and_a_seed_gone_non_finite(tmp_path, cache_dir):
+    # The defaults stay finite with a modest logit gap; Adam steps of 1e30 overflow every seed.
+    ordinary = run_harness(tmp_path, "--num-seeds", "2", "--num-chunks", "2", "--stability", "--quiet",
+                           "--ppo.jax-cache-dir", cache_dir)
+    assert ordinary.returncode == 0, ordinary.stderr
+    stability = json.loads(ordinary.stdout)["stability"]
+    assert stability["non_finite"] == [False, False]
+    for seed in range(2):
+        assert 0 < stability["logit_gap_max"][seed] < 50
+        assert stability["log_ratio_min"][seed] < 0 < stability["log_ratio_max"][seed]
+    exploding = run_harness(tmp_path, "--num-seeds", "2", "--num-chunks", "2", "--stability", "--quiet",
+                            "--ppo.learning-rate", "1e30", "--ppo.no-anneal-lr", "--ppo.jax-cache-dir", cache_dir)
+    assert exploding.returncode == 0, exploding.stderr
+    assert json.loads(exploding.stdout)["stability"]["non_finite"] == [True, True]
+
+
+def test_a_baseline_is_compared_on_this_runs_seeds_only():
+    result = tune.SeedsResult(eval_returns=np.array([30.0, 40.0]), eval_returns_minatar=np.array([5.0, 6.0]),
+                              minatar_bound_hits=np.zeros(2, int), return_sums=np.ones((2, 1)),
+                              episodes=np.ones((2, 1), int), chunk_steps=[100], compile_seconds=0.0,
+                              train_seconds=0.0, eval_seconds=0.0)
+    baseline = {"seeds": [1, 2, 3, 4], "eval_returns": [10.0, 25.0, 35.0, 99.0], "changed_args": {}, "command": "c"}
+    out = tune.result_json(tune.ppo_breakout.Args(), [2, 3], result, 8, "command", 1.0, baseline)
+    assert out["comparison"]["mean_difference"]["value"] == pytest.approx((30 + 40 - 25 - 35) / 2)
+
+
+def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path, cache_dir):
+    first = run_harness(tmp_path, "--num-seeds", "3", "--num-chunks", "2", "--out", "a.json",
+                        "--ppo.jax-cache-dir", cache_dir)
+    assert first.returncode == 0, first.stderr
+    result = json.loads((tmp_path / "a.json").read_text())
+    assert json.loads(first.stdout) == result
+    assert "chunk  1/2" in first.stderr and "chunk  2/2" in first.stderr  # progress, chunk by chunk
+
+    returns = np.array(result["eval_returns"])
+    assert result["seeds"] == [1, 2, 3] and returns.shape == (3,)
+    # Both protocols, gymnax's in eval_returns whatever the training used, MinAtar's beside it.
+    assert len(result["eval_returns_minatar"]) == 3 and result["minatar_bound_hits"] == [0, 0, 0]
+    assert result["summary_minatar"]["mean"]["value"] == pytest.approx(np.mean(result["eval_returns_minatar"]))
+    assert result["changed_args"] == {"total_timesteps": 4096, "num_envs": 16, "num_minibatches": 4,
+                                      "update_epochs": 1}
+    assert result["curve"]["steps"] == [2048, 4096]
+    assert np.array(result["curve"]["return_sums"]).shape == np.array(result["curve"]["episodes"]).shape == (3, 2)
+    summary = result["summary"]
+    assert summary["mean"]["value"] == pytest.approx(returns.mean())
+    assert summary["iqm"]["value"] == pytest.approx(stats.iqm(returns))
+    for name in ("mean", "iqm"):
+        low, high = summary[name]["ci"]
+        assert low <= summary[name]["value"] <= high
+    assert summary["share_past_wall"]["count"] == int((returns >= 30).sum())
+    assert len(result["pooled_curve"]["return"]) == 2
+    assert result["timing"]["peak_memory_gb"] > 0 and "CPU family" in result["timing"]["machine"]
+
+    # The same setting on the same seeds again, against the first run: identical returns, so the
+    # differences are 0 and a run of either is as likely to be the better one.
+    second = run_harness(tmp_path, "--num-seeds", "3", "--num-chunks", "2", "--baseline", "a.json", "--quiet",
+                         "--ppo.jax-cache-dir", cache_dir)
+    assert second.returncode == 0, second.stderr
+    assert second.stderr == ""  # --quiet
+    again = json.loads(second.stdout)
+    assert again["eval_returns"] == result["eval_returns"]
+    comparison = again["comparison"]
+    assert comparison["iqm_difference"] == {"value": 0.0, "ci": [0.0, 0.0]}
+    assert comparison["probability_of_improvement"]["value"] == 0.5
