@@ -1,4 +1,4 @@
-"""benchmarks/checkpoint_cost.py: it measures on the devices it asks for, or refuses."""
+"""Tests of benchmarks/checkpoint_cost.py: it measures on the devices it asks for, or refuses."""
 
 import os
 import subprocess
