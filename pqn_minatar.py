@@ -332,18 +332,6 @@ def make_pqn_iteration(args: Args, env, env_params, network: hk.Transformed,
     return pqn_iteration
 
 
-def make_update_step(args: Args, env, env_params, network: hk.Transformed,
-                     optimizer: optax.GradientTransformation):
-    """One PQN iteration and its metrics, on one device; the caller jits it."""
-    pqn_iteration = make_pqn_iteration(args, env, env_params, network, optimizer)
-
-    def update_step(runner: RunnerState) -> tuple[RunnerState, dict[str, jax.Array]]:
-        runner, iteration = pqn_iteration(runner)
-        return runner, iteration_metrics(iteration, runner.train_state)
-
-    return update_step
-
-
 # --------------------------------------------------------------------------------------------------
 # Metrics: what an iteration logs, from its rollout and the update's per-minibatch terms
 # --------------------------------------------------------------------------------------------------
@@ -400,8 +388,8 @@ ITERATION_SPECS = Iteration(traj=P(None, "envs"), infos=P("envs"), epsilon=P())
 
 def make_parallel_update_step(args: Args, env, env_params, network: hk.Transformed,
                               optimizer: optax.GradientTransformation, mesh: Mesh):
-    """`make_update_step`'s step over the devices of the mesh, jitted. Under `jax.shard_map` each
-    device runs the one-device iteration on its share of the environments, with its own key (its
+    """One PQN iteration and its metrics over the devices of the mesh, jitted. Under
+    `jax.shard_map` each device runs the one-device iteration on its share of the environments, with its own key (its
     own actions and minibatch order) and the devices' mean gradient: each step is the one-device
     step on the whole minibatch. The metrics are then computed on the devices' iterations put
     together, XLA adding the reductions."""

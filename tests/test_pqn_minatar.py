@@ -228,18 +228,25 @@ KNOWN_Q = {(0, 1): [0.0, 1.0], (0, 2): [0.5, 1.5], (1, 2): [0.0, 1.0],
 
 
 def test_the_update_learns_known_q_values_on_a_probe():
+    # On two devices, as the script runs: each with half of the environments, the same parameters.
     env = KnownQEnv()
     args = pqn.fill_runtime_fields(pqn.Args(
         num_envs=32, num_steps=8, num_minibatches=4, update_epochs=2, gamma=0.5,
         learning_rate=1e-2, total_timesteps=32 * 8 * 100, hidden_sizes=(32,), conv_channels=0,
-        exploration_fraction=0.2, epsilon_end=0.1))
+        exploration_fraction=0.2, epsilon_end=0.1, num_devices=2))
     network = pqn.make_network(2, args.hidden_sizes, args.layer_norm)
     optimizer = pqn.make_optimizer(args)
-    runner = pqn.init_runner(jax.random.key(0), env, env.default_params, network, optimizer,
-                             args.num_envs)
-    update_step = jax.jit(pqn.make_update_step(args, env, env.default_params, network, optimizer))
+    mesh = parallel.make_mesh(2)
+    runner = jax.device_put(pqn.init_runner(jax.random.key(0), env, env.default_params, network,
+                                            optimizer, args.num_envs),
+                            parallel.shardings(mesh, pqn.RUNNER_SPECS))
+    update_step = pqn.make_parallel_update_step(args, env, env.default_params, network, optimizer,
+                                                mesh)
     for _ in range(args.num_iterations):
         runner, _ = update_step(runner)
+    for leaf in jax.tree.leaves(runner.train_state.params):
+        first, second = [np.asarray(shard.data) for shard in leaf.addressable_shards]
+        np.testing.assert_array_equal(first, second)
     states = jnp.array([[t / 10.0, horizon / 100.0] for t, horizon in KNOWN_Q])
     q = network.apply(runner.train_state.params, states)
     np.testing.assert_allclose(q, np.array(list(KNOWN_Q.values())), atol=0.1)
