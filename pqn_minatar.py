@@ -389,10 +389,10 @@ ITERATION_SPECS = Iteration(traj=P(None, "envs"), infos=P("envs"), epsilon=P())
 def make_parallel_update_step(args: Args, env, env_params, network: hk.Transformed,
                               optimizer: optax.GradientTransformation, mesh: Mesh):
     """One PQN iteration and its metrics over the devices of the mesh, jitted. Under
-    `jax.shard_map` each device runs the one-device iteration on its share of the environments, with its own key (its
-    own actions and minibatch order) and the devices' mean gradient: each step is the one-device
-    step on the whole minibatch. The metrics are then computed on the devices' iterations put
-    together, XLA adding the reductions."""
+    `jax.shard_map` each device runs the one-device iteration (`make_pqn_iteration`) on its share
+    of the environments, with its own key (its own actions and minibatch order) and the devices'
+    mean gradient: each step is the one-device step on the whole minibatch. The metrics are then
+    computed on the devices' iterations put together, XLA adding the reductions."""
     pqn_iteration = make_pqn_iteration(args, env, env_params, network,
                                        parallel.with_mean_gradient(optimizer))
 

@@ -256,8 +256,9 @@ def test_the_update_learns_known_q_values_on_a_probe():
 # The script as a user runs it
 # ------------------------------------------------------------------------------------------------
 # 3 iterations of 16 x 32 steps, a checkpoint after each.
-TINY = ["--total-timesteps", "1536", "--num-envs", "16", "--num-steps", "32", "--num-minibatches",
-        "4", "--update-epochs", "2", "--eval-episodes", "8", "--seed", "3", "--checkpoint-every", "1"]
+TINY = ["--total-timesteps", "1536", "--num-envs", "16", "--num-steps", "32",
+        "--num-minibatches", "4", "--update-epochs", "2", "--eval-episodes", "8", "--seed", "3",
+        "--checkpoint-every", "1"]
 TAGS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
         "charts/epsilon", "losses/td_loss", "losses/q_values", "eval/sampled_return",
         "eval/greedy_return", "eval/sticky_0.1/sampled_return", "eval/sticky_0.1/greedy_return"]
@@ -301,7 +302,8 @@ def read_summary(run_dir) -> dict:
 def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
     events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
     events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"]}
 
 
 @pytest.fixture(scope="module")
@@ -361,7 +363,8 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize("flags, message", BAD_INPUTS, ids=[" ".join(f)[:40] for f, _ in BAD_INPUTS])
+@pytest.mark.parametrize("flags, message", BAD_INPUTS,
+                         ids=[" ".join(flags)[:40] for flags, _ in BAD_INPUTS])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(flags, message, tmp_path):
     result = run_in_process(tmp_path, *flags)
     err = result.stderr.strip().splitlines()
