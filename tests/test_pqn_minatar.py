@@ -20,10 +20,10 @@ import optax
 import pytest
 import safetensors.numpy
 from jax.sharding import PartitionSpec as P
+from probe_envs import ProbeEnv
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import pqn_minatar as pqn
-from probe_envs import ProbeEnv
 from utils import checkpoint, parallel, training
 
 
@@ -242,8 +242,8 @@ def test_the_update_learns_known_q_values_on_a_probe():
                             parallel.shardings(mesh, pqn.RUNNER_SPECS))
     update_step = pqn.make_parallel_update_step(args, env, env.default_params, network, optimizer,
                                                 mesh)
-    for _ in range(args.num_iterations):
-        runner, _ = update_step(runner)
+    for _ in range(args.num_iterations):  # one at a time, as main's loop: two-device programs
+        runner, _ = jax.block_until_ready(update_step(runner))  # queued up can deadlock XLA:CPU
     for leaf in jax.tree.leaves(runner.train_state.params):
         first, second = [np.asarray(shard.data) for shard in leaf.addressable_shards]
         np.testing.assert_array_equal(first, second)
