@@ -161,6 +161,31 @@ def test_the_sequences_tell_each_known_bug_apart(bug):
     assert not np.allclose(buggy, reference_of(traj, last_q_max, 0.9, 0.65), rtol=1e-3)
 
 
+def test_the_iteration_bootstraps_the_last_step_from_the_observation_the_rollout_ended_on(
+        monkeypatch):
+    # q_lambda_targets, watched: the iteration must hand it max Q of runner.obs after the scan
+    # (o_T), not of the last observation acted on (o_{T-1}). The clock network's Q tells them apart.
+    seen = {}
+
+    def watched(traj, last_q_max, gamma, q_lambda):
+        seen.update(traj=traj, last_q_max=last_q_max)
+        return q_lambda_targets(traj, last_q_max, gamma, q_lambda)
+
+    q_lambda_targets = pqn.q_lambda_targets
+    monkeypatch.setattr(pqn, "q_lambda_targets", watched)
+    args = pqn.fill_runtime_fields(pqn.Args(num_envs=8, num_steps=5, num_minibatches=2,
+                                            update_epochs=1, total_timesteps=40, conv_channels=0))
+    network = hk.without_apply_rng(hk.transform(clock_q))
+    optimizer = optax.sgd(0.0)  # the clock has no parameters to train
+    iteration = pqn.make_pqn_iteration(args, ProbeEnv(), ProbeEnv().default_params, network,
+                                       optimizer)
+    runner = probe_runner(jax.random.key(3), args.num_envs)
+    runner, _ = iteration(runner._replace(train_state=pqn.TrainState({}, optimizer.init({}))))
+    ended_on = np.asarray(runner.obs)[:, 0]
+    assert not np.allclose(ended_on, np.asarray(seen["traj"].obs)[-1, :, 0])
+    np.testing.assert_allclose(seen["last_q_max"], ended_on)
+
+
 # ------------------------------------------------------------------------------------------------
 # Loss and the data-parallel step
 # ------------------------------------------------------------------------------------------------
