@@ -1,0 +1,437 @@
+"""Tests of pqn_minatar.py, in the order of its sections: the rollout, the Q(lambda) targets against
+a plain-Python loop (and against each known bug of public PQN targets), the loss, the data-parallel
+step, learning known Q-values on a probe, then the script run the way a user runs it."""
+
+import contextlib
+import functools
+import glob
+import io
+import json
+import os
+import signal
+import sys
+import typing
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import safetensors.numpy
+from jax.sharding import PartitionSpec as P
+from probe_envs import ProbeEnv
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import pqn_minatar as pqn
+from utils import checkpoint, parallel, training
+
+
+# ------------------------------------------------------------------------------------------------
+# Rollout
+# ------------------------------------------------------------------------------------------------
+def clock_q(obs):
+    """Q = [-1, time / 10] on ProbeEnv's observations: argmax 1, and max Q tells which o it saw."""
+    return jnp.stack([-jnp.ones(obs.shape[0]), obs[:, 0]], axis=-1)
+
+
+def probe_runner(key: jax.Array, num_envs: int = 16) -> pqn.RunnerState:
+    env = ProbeEnv()  # episodes terminate at 2 or 3 steps, or are truncated at 4
+    reset_key, key = jax.random.split(key)
+    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, num_envs),
+                                                            env.default_params)
+    return pqn.RunnerState(pqn.TrainState({}, None), env_state, obs, jnp.zeros(num_envs),
+                           jnp.zeros(num_envs, jnp.int32), jnp.zeros((), jnp.int32), key)
+
+
+@functools.partial(jax.jit, static_argnames="num_envs")
+def clock_rollout(key: jax.Array, epsilon: jax.Array, num_envs: int = 64) -> pqn.Transition:
+    env, network = ProbeEnv(), hk.without_apply_rng(hk.transform(clock_q))
+    return pqn.collect_trajectories(probe_runner(key, num_envs), env, env.default_params, network,
+                                    num_steps=12, epsilon=epsilon)[1]
+
+
+def test_rollout_stores_max_q_of_the_state_acted_on_and_of_final_obs_where_truncated():
+    traj = clock_rollout(jax.random.key(1), 0.0)
+    obs, truncated = np.asarray(traj.obs), np.asarray(traj.truncated)
+    done = np.asarray(traj.terminated) | truncated
+    # q_max is max Q(o_t) of the observation acted on (its clock), not of the next one.
+    np.testing.assert_allclose(traj.q_max, obs[..., 0])
+    # On truncated steps, max Q of the observation reached (time 4), not of the reset one (time 0).
+    assert truncated.any() and np.all(np.asarray(traj.terminated)[truncated] == 0)
+    np.testing.assert_allclose(np.asarray(traj.final_q_max)[truncated], 0.4, rtol=1e-6)
+    assert np.all(np.asarray(traj.final_q_max)[~truncated] == 0.0)
+    assert np.all(np.asarray(traj.action) == 1)  # epsilon 0: greedy
+    lengths, returns = np.asarray(traj.episode_length), np.asarray(traj.episode_return)
+    assert set(lengths[done]) <= {2, 3, 4} and np.all(lengths[~done] == 0)
+    np.testing.assert_array_equal(returns[done], lengths[done])  # reward 1 a step, all action 1
+
+
+def test_rollout_explores_with_probability_epsilon():
+    traj = clock_rollout(jax.random.key(2), 0.4)
+    # A random action is the greedy one half the time (2 actions): P(action 0) = 0.4 / 2.
+    assert abs(float((np.asarray(traj.action) == 0).mean()) - 0.2) < 0.05
+
+
+def test_epsilon_decays_linearly_over_the_exploration_fraction_then_stays():
+    args = pqn.fill_runtime_fields(pqn.Args(total_timesteps=4096 * 100, exploration_fraction=0.2))
+    epsilon = pqn.epsilon_schedule(args)
+    np.testing.assert_allclose([epsilon(i) for i in (0, 10, 20, 50, 99)],
+                               [1.0, 0.525, 0.05, 0.05, 0.05], rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# Q(lambda) targets
+# ------------------------------------------------------------------------------------------------
+def reference_q_lambda(reward, q_max, final_q_max, terminated, truncated, last_q_max, gamma, lam):
+    """Peng's Q(lambda) return written out, one environment and one step at a time."""
+    num_steps, num_envs = reward.shape
+    targets = np.zeros((num_steps, num_envs))
+    for n in range(num_envs):
+        next_return = last_q_max[n]
+        for t in reversed(range(num_steps)):
+            next_q_max = q_max[t + 1, n] if t + 1 < num_steps else last_q_max[n]
+            if terminated[t, n]:
+                targets[t, n] = reward[t, n]
+            elif truncated[t, n]:
+                targets[t, n] = reward[t, n] + gamma * final_q_max[t, n]
+            else:
+                targets[t, n] = reward[t, n] + gamma * ((1 - lam) * next_q_max + lam * next_return)
+            next_return = targets[t, n]
+    return targets
+
+
+def q_lambda_case() -> tuple[pqn.Transition, jax.Array]:
+    """8 steps of 4 environments: one with no episode end; one terminated at step 2 and truncated
+    at 5; one truncated on the rollout's last step; one terminated on the step before the last,
+    after a step both terminated and truncated (the termination wins)."""
+    num_steps, num_envs = 8, 4
+    terminated = np.zeros((num_steps, num_envs), bool)
+    truncated = np.zeros((num_steps, num_envs), bool)
+    terminated[2, 1] = truncated[5, 1] = truncated[7, 2] = terminated[6, 3] = True
+    terminated[3, 3] = truncated[3, 3] = True
+    keys = jax.random.split(jax.random.key(0), 4)
+    traj = pqn.Transition(
+        obs=None, action=None, reward=jax.random.uniform(keys[0], (num_steps, num_envs)),
+        terminated=jnp.asarray(terminated), truncated=jnp.asarray(truncated),
+        q_max=jax.random.uniform(keys[1], (num_steps, num_envs), minval=1.0, maxval=5.0),
+        final_q_max=jnp.where(truncated, jax.random.uniform(keys[2], truncated.shape, minval=5.0,
+                                                            maxval=9.0), 0.0),
+        episode_return=None, episode_length=None)
+    return traj, jax.random.uniform(keys[3], (num_envs,), minval=10.0, maxval=20.0)
+
+
+def reference_of(traj: pqn.Transition, last_q_max: jax.Array, gamma: float, lam: float):
+    arrays = [np.asarray(x, np.float64) for x in (traj.reward, traj.q_max, traj.final_q_max)]
+    return reference_q_lambda(*arrays, np.asarray(traj.terminated), np.asarray(traj.truncated),
+                              np.asarray(last_q_max, np.float64), gamma, lam)
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.65, 1.0])
+def test_q_lambda_targets_match_a_plain_python_loop(lam):
+    traj, last_q_max = q_lambda_case()
+    targets = pqn.q_lambda_targets(traj, last_q_max, 0.9, lam)
+    np.testing.assert_allclose(targets, reference_of(traj, last_q_max, 0.9, lam), rtol=1e-5)
+
+
+def cleanrl_494(traj, last_q_max):
+    """No done mask: the return runs on through every episode end."""
+    no_end = jnp.zeros_like(traj.terminated)
+    return traj._replace(terminated=no_end, truncated=no_end), last_q_max
+
+
+def purejaxql_12(traj, last_q_max):
+    """The step before the last bootstraps from max Q of the rollout's next observation, not of
+    the last observation."""
+    return traj._replace(q_max=traj.q_max.at[-1].set(last_q_max)), last_q_max
+
+
+def rejax_34(traj, last_q_max):
+    """Q cached at the state acted on: every step bootstraps from max Q(o_t), not Q(o_{t+1})."""
+    shifted = jnp.concatenate([jnp.zeros_like(traj.q_max[:1]), traj.q_max[:-1]])
+    return traj._replace(q_max=shifted), traj.q_max[-1]
+
+
+@pytest.mark.parametrize("bug", [cleanrl_494, purejaxql_12, rejax_34])
+def test_the_sequences_tell_each_known_bug_apart(bug):
+    # The test above passes only for code the reference agrees with: these are the three ways
+    # public PQN targets went wrong, fed to the same code, and each must disagree with it.
+    traj, last_q_max = q_lambda_case()
+    buggy = pqn.q_lambda_targets(*bug(traj, last_q_max), 0.9, 0.65)
+    assert not np.allclose(buggy, reference_of(traj, last_q_max, 0.9, 0.65), rtol=1e-3)
+
+
+def test_the_iteration_bootstraps_the_last_step_from_the_observation_the_rollout_ended_on(
+        monkeypatch):
+    # q_lambda_targets, watched: the iteration must hand it max Q of runner.obs after the scan
+    # (o_T), not of the last observation acted on (o_{T-1}). The clock network's Q tells them apart.
+    seen = {}
+
+    def watched(traj, last_q_max, gamma, q_lambda):
+        seen.update(traj=traj, last_q_max=last_q_max)
+        return q_lambda_targets(traj, last_q_max, gamma, q_lambda)
+
+    q_lambda_targets = pqn.q_lambda_targets
+    monkeypatch.setattr(pqn, "q_lambda_targets", watched)
+    args = pqn.fill_runtime_fields(pqn.Args(num_envs=8, num_steps=5, num_minibatches=2,
+                                            update_epochs=1, total_timesteps=40, conv_channels=0))
+    network = hk.without_apply_rng(hk.transform(clock_q))
+    optimizer = optax.sgd(0.0)  # the clock has no parameters to train
+    iteration = pqn.make_pqn_iteration(args, ProbeEnv(), ProbeEnv().default_params, network,
+                                       optimizer)
+    runner = probe_runner(jax.random.key(3), args.num_envs)
+    runner, _ = iteration(runner._replace(train_state=pqn.TrainState({}, optimizer.init({}))))
+    ended_on = np.asarray(runner.obs)[:, 0]
+    assert not np.allclose(ended_on, np.asarray(seen["traj"].obs)[-1, :, 0])
+    np.testing.assert_allclose(seen["last_q_max"], ended_on)
+
+
+# ------------------------------------------------------------------------------------------------
+# Loss and the data-parallel step
+# ------------------------------------------------------------------------------------------------
+def random_batch(n: int, key: jax.Array) -> pqn.Batch:
+    keys = jax.random.split(key, 3)
+    return pqn.Batch(obs=jax.random.bernoulli(keys[0], 0.3, (n, 8)).astype(jnp.float32),
+                     action=jax.random.randint(keys[1], (n,), 0, 3),
+                     target=jax.random.normal(keys[2], (n,)))
+
+
+def test_td_loss_is_half_the_mean_squared_error_of_the_actions_taken():
+    network = pqn.make_network(3, (32,), True)
+    mb = random_batch(16, jax.random.key(0))
+    params = network.init(jax.random.key(1), mb.obs)
+    loss, info = jax.jit(pqn.td_loss, static_argnums=1)(params, network, mb)
+    q = np.asarray(network.apply(params, mb.obs), np.float64)
+    q_taken = q[np.arange(16), np.asarray(mb.action)]
+    np.testing.assert_allclose(loss, 0.5 * np.mean((q_taken - np.asarray(mb.target)) ** 2),
+                               rtol=1e-5)
+    np.testing.assert_allclose(info["q_values"], q_taken.mean(), rtol=1e-5)
+
+
+def test_data_parallel_epoch_equals_the_single_device_epoch_on_the_whole_minibatch():
+    # Two devices, each with half of a minibatch, must take exactly the step one device takes on
+    # all of it: a sum of the gradients, or a gradient not shared, would not.
+    assert len(jax.devices()) >= 2  # conftest.py asks for two CPU devices
+    network = pqn.make_network(3, (32,), True)
+    mb = random_batch(64, jax.random.key(0))
+    params = network.init(jax.random.key(1), mb.obs)
+    optimizer = optax.sgd(1.0)  # an update linear in the gradient: a factor off shows
+    train_state = pqn.TrainState(params, optimizer.init(params))
+    epoch = functools.partial(pqn.update_epoch, network=network, num_minibatches=1)
+    key = jax.random.key(2)  # one minibatch: the order within it does not change the step
+    (single, _), _ = jax.jit(functools.partial(epoch, optimizer=optimizer))(train_state, key, mb)
+    step = jax.shard_map(functools.partial(epoch, optimizer=parallel.with_mean_gradient(optimizer)),
+                         mesh=parallel.make_mesh(2), in_specs=(P(), P(), P("envs")),
+                         out_specs=(P(), P()), check_vma=False)
+    (shared, _), _ = jax.jit(step)(train_state, key, mb)
+    moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), single, params)
+    assert min(jax.tree.leaves(moved)) > 1e-4  # a real step
+    for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(shared)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------
+# Learning known Q-values
+# ------------------------------------------------------------------------------------------------
+class KnownQEnv(ProbeEnv):
+    """ProbeEnv (reward 1 for action 1, 0 for action 0) whose observation also shows the
+    episode's horizon, so that each state's Q-values are known. With gamma 0.5:
+    horizon 1, one step: Q = [0, 1], the reward, and the action matters;
+    horizon 2, two steps: Q = [0.5, 1.5] then [0, 1], the second reward discounted once;
+    horizon 100, truncated after 4 steps: Q = [1, 2] at every step (1 / (1 - gamma) for action 1),
+    only if truncation bootstraps; as termination it would fall to [0, 1] on the last step."""
+
+    def __init__(self):
+        super().__init__(horizons=(1, 2, 100))
+
+    def get_obs(self, state, params=None, key=None) -> jax.Array:
+        return jnp.array([state.time / 10.0, state.horizon / 100.0], jnp.float32)
+
+
+KNOWN_Q = {(0, 1): [0.0, 1.0], (0, 2): [0.5, 1.5], (1, 2): [0.0, 1.0],
+           **{(t, 100): [1.0, 2.0] for t in range(4)}}
+
+
+def test_the_update_learns_known_q_values_on_a_probe():
+    # On two devices, as the script runs: each with half of the environments, the same parameters.
+    env = KnownQEnv()
+    args = pqn.fill_runtime_fields(pqn.Args(
+        num_envs=32, num_steps=8, num_minibatches=4, update_epochs=2, gamma=0.5,
+        learning_rate=1e-2, total_timesteps=32 * 8 * 100, hidden_sizes=(32,), conv_channels=0,
+        exploration_fraction=0.2, epsilon_end=0.1, num_devices=2))
+    network = pqn.make_network(2, args.hidden_sizes, args.layer_norm)
+    optimizer = pqn.make_optimizer(args)
+    mesh = parallel.make_mesh(2)
+    runner = jax.device_put(pqn.init_runner(jax.random.key(0), env, env.default_params, network,
+                                            optimizer, args.num_envs),
+                            parallel.shardings(mesh, pqn.RUNNER_SPECS))
+    update_step = pqn.make_parallel_update_step(args, env, env.default_params, network, optimizer,
+                                                mesh)
+    for _ in range(args.num_iterations):  # one at a time, as main's loop: two-device programs
+        runner, _ = jax.block_until_ready(update_step(runner))  # queued up can deadlock XLA:CPU
+    for leaf in jax.tree.leaves(runner.train_state.params):
+        first, second = [np.asarray(shard.data) for shard in leaf.addressable_shards]
+        np.testing.assert_array_equal(first, second)
+    states = jnp.array([[t / 10.0, horizon / 100.0] for t, horizon in KNOWN_Q])
+    q = network.apply(runner.train_state.params, states)
+    np.testing.assert_allclose(q, np.array(list(KNOWN_Q.values())), atol=0.1)
+
+
+# ------------------------------------------------------------------------------------------------
+# The script as a user runs it
+# ------------------------------------------------------------------------------------------------
+# 3 iterations of 16 x 32 steps, a checkpoint after each.
+TINY = ["--total-timesteps", "1536", "--num-envs", "16", "--num-steps", "32",
+        "--num-minibatches", "4", "--update-epochs", "2", "--eval-episodes", "8", "--seed", "3",
+        "--checkpoint-every", "1"]
+TAGS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "charts/learning_rate",
+        "charts/epsilon", "losses/td_loss", "losses/q_values", "eval/sampled_return",
+        "eval/greedy_return", "eval/sticky_0.1/sampled_return", "eval/sticky_0.1/greedy_return"]
+
+
+class Finished(typing.NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_in_process(cwd, *flags) -> Finished:
+    """main() in this process, as `python pqn_minatar.py FLAGS` run in `cwd`."""
+    out, err = io.StringIO(), io.StringIO()
+    old_cwd, old_argv = os.getcwd(), sys.argv
+    try:
+        os.chdir(cwd)
+        sys.argv = ["pqn_minatar.py", *flags]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                pqn.main()
+                code = 0
+            except SystemExit as exit_:
+                code = exit_.code or 0
+    finally:
+        os.chdir(old_cwd)
+        sys.argv = old_argv
+    return Finished(code, out.getvalue(), err.getvalue())
+
+
+def only_run_dir(path) -> str:
+    (run_dir,) = glob.glob(os.path.join(str(path), "runs", "*"))
+    return run_dir
+
+
+def read_summary(run_dir) -> dict:
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        return json.load(f)
+
+
+def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
+    events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"]}
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One tiny training run, never interrupted, shared by the tests that read what it leaves."""
+    path = tmp_path_factory.mktemp("tiny")
+    result = run_in_process(path, *TINY)
+    assert result.returncode == 0, result.stderr
+    return result, only_run_dir(path)
+
+
+def test_the_script_trains_logs_evaluates_and_saves(tiny_run):
+    result, run_dir = tiny_run
+    assert "eval (sampled, 8 episodes)" in result.stdout and "eval ( greedy" in result.stdout
+    assert os.path.basename(run_dir).startswith("Breakout-MinAtar__pqn__3__")
+    assert len(glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))) == 1
+    assert os.path.exists(os.path.join(run_dir, "model.safetensors"))
+    summary = read_summary(run_dir)
+    assert summary["status"] == "completed" and summary["global_step"] == 1536
+    assert summary["args"]["num_devices"] == 2  # the data-parallel path ran (conftest.py)
+    for protocol in (summary["eval"], summary["eval"]["sticky_0.1"]):
+        for mode in ("sampled", "greedy"):
+            assert sum(protocol[mode]["return_counts"].values()) == 8
+    scalars = read_scalars(run_dir)
+    for tag in TAGS:
+        assert tag in scalars, tag
+    assert [step for step, _ in scalars["losses/td_loss"]] == [512, 1024, 1536]
+    # 3 iterations x 2 epochs x 4 minibatches: each logs the rate of its last update (7, 15, 23).
+    rates = [value for _, value in scalars["charts/learning_rate"]]
+    assert rates == pytest.approx([5e-4 * (1 - k / 24) for k in (7, 15, 23)])
+    # Epsilon decays over max(1, round(0.1 x 3)) = 1 iteration: 1 on the first, then 0.05.
+    assert [value for _, value in scalars["charts/epsilon"]] == pytest.approx([1.0, 0.05, 0.05])
+
+
+def test_a_saved_model_evaluates_to_the_training_runs_own_evaluation(tiny_run, tmp_path):
+    _, train_dir = tiny_run
+    model = os.path.join(train_dir, "model.safetensors")
+    result = run_in_process(tmp_path, "--load-model", model, "--eval-episodes", "8", "--seed", "3")
+    assert result.returncode == 0, result.stderr
+    summary = read_summary(only_run_dir(tmp_path))
+    assert summary["status"] == "completed" and summary["load_model"] == model
+    assert summary["eval"] == read_summary(train_dir)["eval"]
+    assert "model" not in summary
+
+
+BAD_INPUTS = [
+    (["--q-lambda", "1.5"], "--q-lambda must be in [0, 1], got 1.5"),
+    (["--epsilon-end", "nan"], "--epsilon-end must be in [0, 1], got nan"),
+    (["--eval-epsilon", "-0.1"], "--eval-epsilon must be in [0, 1]"),
+    (["--exploration-fraction", "0"], "--exploration-fraction must be in (0, 1], got 0.0"),
+    (["--learning-rate", "inf"], "--learning-rate must be a positive finite number, got inf"),
+    (["--num-minibatches", "7"], "does not divide into --num-minibatches 7"),
+    (["--conv-channels", "4", "--env-id", "CartPole-v1"], "--conv-channels needs a grid"),
+    (["--load-model", "nothing.safetensors"], "no such file"),
+    (["--resume", "runs/nothing"], "--resume runs/nothing: no such run directory"),
+    (["--num-envs", "abc"], "Error parsing --num-envs"),
+]
+
+
+@pytest.mark.parametrize("flags, message", BAD_INPUTS,
+                         ids=[" ".join(flags)[:40] for flags, _ in BAD_INPUTS])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(flags, message, tmp_path):
+    result = run_in_process(tmp_path, *flags)
+    err = result.stderr.strip().splitlines()
+    assert result.returncode == 2
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+    assert os.listdir(tmp_path) == []
+
+
+def what_a_run_ends_with(run_dir) -> dict:
+    """Every tensor of model.safetensors and of the last checkpoint (but the seconds of its
+    learning curve) as bytes, every logged scalar but SPS, and the evaluation."""
+    tensors = {}
+    for name in ("model.safetensors", checkpoint.CHECKPOINT):
+        with open(os.path.join(run_dir, name), "rb") as f:
+            tensors |= {f"{name}:{key}": (t.dtype, t.shape, t.tobytes())
+                        for key, t in safetensors.numpy.load(f.read()).items()
+                        if key != "history.seconds"}
+    scalars = read_scalars(run_dir)
+    del scalars["charts/SPS"]
+    summary = read_summary(run_dir)
+    return {"tensors": tensors, "scalars": scalars, "eval": summary["eval"],
+            "status": summary["status"]}
+
+
+def test_a_stopped_run_resumes_to_the_uninterrupted_run_bit_for_bit(tiny_run, tmp_path,
+                                                                    monkeypatch):
+    # SIGTERM arrives during the first iteration: the run ends it, writes a checkpoint, exits 143.
+    end_iteration = training.Run.end_iteration
+
+    def signal_after_first(run, iteration, state):
+        end_iteration(run, iteration, state)
+        if iteration == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(training.Run, "end_iteration", signal_after_first)
+        stopped = run_in_process(tmp_path, *TINY)
+    assert stopped.returncode == 143, stopped.stderr
+    run_dir = only_run_dir(tmp_path)
+    assert read_summary(run_dir)["status"] == "interrupted"
+    assert read_summary(run_dir)["global_step"] == 512
+    resumed = run_in_process(tmp_path, "--resume", run_dir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert read_summary(run_dir)["resumed_at_step"] == 512
+    assert what_a_run_ends_with(run_dir) == what_a_run_ends_with(tiny_run[1])
