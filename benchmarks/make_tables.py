@@ -309,8 +309,9 @@ def speed_rows(table: dict, report: dict) -> list[dict]:
                  "script_peak": max(s["peak_memory_gb"] for s in r["script"]),
                  "ratio": r["ratio"], "one_chunk": r["one_chunk_train_ratio"]}
                 for i, r in enumerate(report["rounds"])]
+    configs = report.get("configs") or report.get("versions")  # script_speed.py's: versions
     if table["source"] == "configs":  # rounds of {config: run}, against the first config
-        rounds = [[r[c] | {"key": c} for c in report["configs"]] for r in report["rounds"]]
+        rounds = [[r[c] | {"key": c} for c in configs] for r in report["rounds"]]
     else:  # "runs": a flat list of runs, each of a variant (and a game) in a round
         runs = report["runs"]
         keys = sorted({r["round"] for r in runs})
@@ -320,13 +321,15 @@ def speed_rows(table: dict, report: dict) -> list[dict]:
 
     out = []
     for row in table["rows"]:
-        ref = row.get("ref", report.get("configs", [None])[0])
+        ref = row.get("ref", (configs or [None])[0])
         pairs = [(own, first) for runs in rounds for own in runs if match(own, row["key"], row)
                  for first in runs if match(first, ref, row)]
         own = [o for o, _ in pairs]
         out.append({**row, "rounds": len(own), "sps": [r["sps"] for r in own],
                     "sps_k": [r["sps"] / 1000 for r in own],
                     "wall": [r["wall_seconds"] for r in own],
+                    "compile": [r.get("compile_seconds", float("nan")) for r in own],
+                    "peak": [r.get("peak_memory_mb", float("nan")) for r in own],
                     "ref_over_own": [f["sps"] / o["sps"] for o, f in pairs],
                     "own_over_ref": [o["sps"] / f["sps"] for o, f in pairs],
                     "sampled": ", ".join(sorted({f"{r['sampled']:.2f}" for r in own}))
