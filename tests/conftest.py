@@ -26,6 +26,8 @@ def tiny_run(tmp_path_factory):
 
 @pytest.fixture
 def float64_available():
-    """The study puts float32 and float64 side by side, as the script does once its args are parsed."""
+    """The study puts float32 and float64 side by side, as the script does once its args are
+    parsed."""
+
     with jax.enable_x64(True):
         yield

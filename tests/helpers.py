@@ -31,7 +31,8 @@ GAMES = ["Asterix-MinAtar", "Breakout-MinAtar", "Freeway-MinAtar", "SpaceInvader
 # A policy with known answers on the probe environment, for the script's rollout
 # --------------------------------------------------------------------------------------------------
 def always_action_one(obs, return_features=False):
-    """Action 1 with certainty; the value is the probe's clock, time / 10, so v(o) tells which o it saw."""
+    """Action 1 with certainty; the value is the probe's clock, time / 10, so v(o) tells which o it
+    saw."""
     logits, value = jnp.tile(jnp.array([-20.0, 20.0]), (obs.shape[0], 1)), obs[:, 0]
     return (logits, value, obs) if return_features else (logits, value)
 
@@ -43,8 +44,8 @@ def probe_runner(key: jax.Array, num_envs: int = 16) -> ppo.RunnerState:
     obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(reset_key, num_envs),
                                                             env.default_params)
     return ppo.RunnerState(train_state=ppo.TrainState({}, None), env_state=env_state, obs=obs,
-                           episode_return=jnp.zeros(num_envs), episode_length=jnp.zeros(num_envs, jnp.int32),
-                           key=key)
+                           episode_return=jnp.zeros(num_envs),
+                           episode_length=jnp.zeros(num_envs, jnp.int32), key=key)
 
 
 def assert_truncated_steps_carry_the_value_of_final_obs(traj: ppo.Transition):
@@ -77,7 +78,8 @@ class Finished(typing.NamedTuple):
 
 def run_in_process(cwd, *flags) -> Finished:
     """main() in this process, as `python ppo_breakout.py FLAGS` run in `cwd`: what the script does,
-    where a mutation-testing tool can see which test ran which function (it cannot in a subprocess)."""
+    where a mutation-testing tool can see which test ran which function (it cannot in a
+    subprocess)."""
     out, err = io.StringIO(), io.StringIO()
     old_cwd, old_argv = os.getcwd(), sys.argv
     try:
@@ -95,8 +97,8 @@ def run_in_process(cwd, *flags) -> Finished:
     return Finished(code, out.getvalue(), err.getvalue())
 
 
-TINY = ["--total-timesteps", "4096", "--num-envs", "16", "--num-steps", "128", "--num-minibatches", "4",
-        "--update-epochs", "1", "--eval-episodes", "8", "--seed", "3"]
+TINY = ["--total-timesteps", "4096", "--num-envs", "16", "--num-steps", "128",
+        "--num-minibatches", "4", "--update-epochs", "1", "--eval-episodes", "8", "--seed", "3"]
 
 
 def only_run_dir(path) -> str:
@@ -112,7 +114,8 @@ def read_summary(run_dir) -> dict:
 def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
     events = EventAccumulator(run_dir, size_guidance={"scalars": 0, "tensors": 0})
     events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"]}
 
 
 def logged_events(logdir) -> list:
@@ -122,6 +125,9 @@ def logged_events(logdir) -> list:
 
 
 def tiny_network_params(args: ppo.Args) -> hk.Params:
-    """Freshly initialised parameters of the network `args` describes: the shapes a saved model must have."""
-    network = ppo.make_network(3, args.hidden_sizes, args.activation, args.layer_norm, args.conv_channels)
+    """Freshly initialised parameters of the network `args` describes: the shapes a saved model
+    must have."""
+    network = ppo.make_network(3, args.hidden_sizes, args.activation, args.layer_norm,
+                               args.conv_channels)
+
     return network.init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))

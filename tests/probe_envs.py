@@ -10,7 +10,9 @@ from gymnax.environments import environment, spaces
 
 @struct.dataclass
 class ProbeState(environment.EnvState):
-    horizon: jax.Array  # the step at which the episode terminates (if the time limit does not come first)
+    # the step at which the episode terminates (if the time limit does not come first)
+    horizon: jax.Array
+
 
 
 @struct.dataclass

@@ -1,4 +1,5 @@
-"""benchmarks/results_table.py: arguments reach ppo_breakout.py, and bad ones stop it with exit status 2."""
+"""benchmarks/results_table.py: arguments reach ppo_breakout.py, and bad ones stop it with exit
+status 2."""
 
 import os
 import subprocess
@@ -9,8 +10,9 @@ TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_table(tmp_path, *flags):
-    return subprocess.run([sys.executable, TABLE, *flags], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, TABLE, *flags], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+
 
 
 def test_script_args_reach_the_script_and_its_error_stops_the_table(tmp_path):

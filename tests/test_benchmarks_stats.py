@@ -8,12 +8,15 @@ from benchmarks import stats
 
 
 @pytest.mark.parametrize("statistic", [stats.mean, stats.iqm])
-def test_bootstrap_interval_covers_the_truth_about_95_percent_of_draws_and_narrows_with_seeds(statistic):
+def test_bootstrap_interval_covers_the_truth_about_95_percent_of_draws_and_narrows_with_seeds(
+    statistic,
+):
     rng = np.random.default_rng(0)
     # 1000 draws of 40 seeds from a normal distribution, whose mean and IQM are both 35.
     low, high = stats.bootstrap_ci(rng.normal(35, 10, (1000, 40)), statistic, n_resamples=2000).T
     assert 0.92 <= ((low <= 35) & (35 <= high)).mean() <= 0.975
-    widths = [np.diff(stats.bootstrap_ci(rng.normal(35, 10, (300, n)), statistic, n_resamples=2000)).mean()
+    widths = [np.diff(stats.bootstrap_ci(rng.normal(35, 10, (300, n)), statistic,
+                                         n_resamples=2000)).mean()
               for n in (10, 40)]
     assert 0.4 <= widths[1] / widths[0] <= 0.6  # the 1/sqrt(n) of a standard error
 
@@ -24,8 +27,8 @@ def test_identical_settings_give_a_probability_of_improvement_near_half():
              for _ in range(100)]
     values = np.array([d["probability_of_improvement"]["value"] for d in draws])
     assert abs(values.mean() - 0.5) < 0.02
-    covered = [d["probability_of_improvement"]["ci"][0] <= 0.5 <= d["probability_of_improvement"]["ci"][1]
-               for d in draws]
+    intervals = [d["probability_of_improvement"]["ci"] for d in draws]
+    covered = [ci[0] <= 0.5 <= ci[1] for ci in intervals]
     assert np.mean(covered) >= 0.9
 
     returns = rng.normal(35, 10, 16)
@@ -36,9 +39,12 @@ def test_identical_settings_give_a_probability_of_improvement_near_half():
 
 def test_comparison_pairs_seeds_and_counts_every_pair_of_runs():
     baseline = np.array([20.0, 25.0, 30.0, 60.0])
-    shifted = stats.compare(baseline, baseline + 5)  # every seed 5 better: the paired interval is exactly 5
-    assert shifted["mean_difference"] == shifted["iqm_difference"] == {"value": 5.0, "ci": [5.0, 5.0]}
-    # Of the 16 pairs (candidate run, baseline run) the candidate wins 10 and ties 2: (10 + 2 / 2) / 16.
+    # Every seed 5 better: the paired interval is exactly 5.
+    shifted = stats.compare(baseline, baseline + 5)
+    assert (shifted["mean_difference"] == shifted["iqm_difference"]
+            == {"value": 5.0, "ci": [5.0, 5.0]})
+    # Of the 16 pairs (candidate run, baseline run) the candidate wins 10 and ties 2:
+    # (10 + 2 / 2) / 16.
     assert shifted["probability_of_improvement"]["value"] == pytest.approx(11 / 16)
     with pytest.raises(ValueError):
         stats.compare(baseline, baseline[:3])
@@ -51,5 +57,7 @@ def test_share_past_the_wall_and_the_pooled_curve():
     return_sums = np.array([[10.0, 40.0], [60.0, 80.0]])  # 2 seeds x 2 points
     episodes = np.array([[1, 2], [3, 6]])
     curve = stats.pooled_curve(return_sums, episodes, n_resamples=500)
-    np.testing.assert_allclose(curve["return"], [70 / 4, 120 / 8])  # pooled episodes, not a mean of ratios
+    # pooled episodes, not a mean of ratios
+    np.testing.assert_allclose(curve["return"], [70 / 4, 120 / 8])
+
     assert all(lo <= r <= hi for lo, r, hi in zip(curve["low"], curve["return"], curve["high"]))

@@ -15,30 +15,34 @@ import pytest
 
 from benchmarks import stats, tune
 
-TUNE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "tune.py")
+TUNE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                    "tune.py")
 TINY = ["--ppo.total-timesteps", "4096", "--ppo.num-envs", "16", "--ppo.num-steps", "128",
         "--ppo.num-minibatches", "4", "--ppo.update-epochs", "1", "--eval-episodes", "8"]
 
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory):
-    """One compilation cache for this module's runs: the second run of a setting loads its programs."""
+    """One compilation cache for this module's runs: the second run of a setting loads its
+    programs."""
     return str(tmp_path_factory.mktemp("jax_cache"))
 
 
 def run_harness(cwd, *flags):
-    return subprocess.run([sys.executable, TUNE, *TINY, *flags], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, TUNE, *TINY, *flags], cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
 
 
 @pytest.mark.parametrize("flags, message", [
     (["--num-seeds", "0"], "error: --num-seeds must be positive, got 0"),
     (["--ppo.update-epochs", "0"], "error: --update-epochs must be positive, got 0"),
     (["--num-devices", "3"], "error: --num-devices 3 is more than the 2 devices JAX has"),
-    (["--baseline", "other_seeds.json"], "error: --baseline other_seeds.json has no result for seed 2"),
+    (["--baseline", "other_seeds.json"],
+     "error: --baseline other_seeds.json has no result for seed 2"),
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, flags, message):
-    (tmp_path / "other_seeds.json").write_text(json.dumps({"seeds": [1, 3], "eval_returns": [1.0, 2.0]}))
+    other_seeds = {"seeds": [1, 3], "eval_returns": [1.0, 2.0]}
+    (tmp_path / "other_seeds.json").write_text(json.dumps(other_seeds))
     result = run_harness(tmp_path, "--out", "out.json", *flags)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [message]
@@ -93,7 +97,8 @@ def test_a_seed_trains_the_same_beside_any_seeds_on_any_number_of_devices():
     np.testing.assert_array_equal(together.eval_returns[1:2], alone.eval_returns)
     np.testing.assert_array_equal(together.return_sums[1:2], alone.return_sums)
     np.testing.assert_array_equal(together.episodes[1:2], alone.episodes)
-    assert not np.array_equal(together.return_sums[0], together.return_sums[1])  # the seeds do differ
+    # the seeds do differ
+    assert not np.array_equal(together.return_sums[0], together.return_sums[1])
 
 
 def test_the_harness_builds_the_network_its_settings_describe(monkeypatch):
@@ -112,31 +117,36 @@ def test_the_harness_builds_the_network_its_settings_describe(monkeypatch):
         tune.train_seeds(cfg, [1], eval_episodes=8, num_chunks=1, num_devices=1)
     params = built.value.args[0].init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
     assert params["conv"]["w"].shape == (3, 3, 4, 2) and params["torso_0"]["w"].shape == (50, 8)
-    assert "torso_norm_0" not in params and params["policy"]["w"].shape == (8, 3)  # ReLU: 8 features
+    # ReLU: 8 features
+    assert "torso_norm_0" not in params and params["policy"]["w"].shape == (8, 3)
 
 
-def test_stability_records_the_logit_gap_the_log_ratio_and_a_seed_gone_non_finite(tmp_path, cache_dir):
+def test_stability_records_the_logit_gap_the_log_ratio_and_a_seed_gone_non_finite(tmp_path,
+                                                                                   cache_dir):
     # The defaults stay finite with a modest logit gap; Adam steps of 1e30 overflow every seed.
-    ordinary = run_harness(tmp_path, "--num-seeds", "2", "--num-chunks", "2", "--stability", "--quiet",
-                           "--ppo.jax-cache-dir", cache_dir)
+    ordinary = run_harness(tmp_path, "--num-seeds", "2", "--num-chunks", "2", "--stability",
+                           "--quiet", "--ppo.jax-cache-dir", cache_dir)
     assert ordinary.returncode == 0, ordinary.stderr
     stability = json.loads(ordinary.stdout)["stability"]
     assert stability["non_finite"] == [False, False]
     for seed in range(2):
         assert 0 < stability["logit_gap_max"][seed] < 50
         assert stability["log_ratio_min"][seed] < 0 < stability["log_ratio_max"][seed]
-    exploding = run_harness(tmp_path, "--num-seeds", "2", "--num-chunks", "2", "--stability", "--quiet",
-                            "--ppo.learning-rate", "1e30", "--ppo.no-anneal-lr", "--ppo.jax-cache-dir", cache_dir)
+    exploding = run_harness(tmp_path, "--num-seeds", "2", "--num-chunks", "2", "--stability",
+                            "--quiet", "--ppo.learning-rate", "1e30", "--ppo.no-anneal-lr",
+                            "--ppo.jax-cache-dir", cache_dir)
     assert exploding.returncode == 0, exploding.stderr
     assert json.loads(exploding.stdout)["stability"]["non_finite"] == [True, True]
 
 
 def test_a_baseline_is_compared_on_this_runs_seeds_only():
-    result = tune.SeedsResult(eval_returns=np.array([30.0, 40.0]), eval_returns_minatar=np.array([5.0, 6.0]),
+    result = tune.SeedsResult(eval_returns=np.array([30.0, 40.0]),
+                              eval_returns_minatar=np.array([5.0, 6.0]),
                               minatar_bound_hits=np.zeros(2, int), return_sums=np.ones((2, 1)),
                               episodes=np.ones((2, 1), int), chunk_steps=[100], compile_seconds=0.0,
                               train_seconds=0.0, eval_seconds=0.0)
-    baseline = {"seeds": [1, 2, 3, 4], "eval_returns": [10.0, 25.0, 35.0, 99.0], "changed_args": {}, "command": "c"}
+    baseline = {"seeds": [1, 2, 3, 4], "eval_returns": [10.0, 25.0, 35.0, 99.0],
+                "changed_args": {}, "command": "c"}
     out = tune.result_json(tune.ppo_breakout.Args(), [2, 3], result, 8, "command", 1.0, baseline)
     assert out["comparison"]["mean_difference"]["value"] == pytest.approx((30 + 40 - 25 - 35) / 2)
 
@@ -153,11 +163,13 @@ def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path, ca
     assert result["seeds"] == [1, 2, 3] and returns.shape == (3,)
     # Both protocols, gymnax's in eval_returns whatever the training used, MinAtar's beside it.
     assert len(result["eval_returns_minatar"]) == 3 and result["minatar_bound_hits"] == [0, 0, 0]
-    assert result["summary_minatar"]["mean"]["value"] == pytest.approx(np.mean(result["eval_returns_minatar"]))
+    assert (result["summary_minatar"]["mean"]["value"]
+            == pytest.approx(np.mean(result["eval_returns_minatar"])))
     assert result["changed_args"] == {"total_timesteps": 4096, "num_envs": 16, "num_minibatches": 4,
                                       "update_epochs": 1}
     assert result["curve"]["steps"] == [2048, 4096]
-    assert np.array(result["curve"]["return_sums"]).shape == np.array(result["curve"]["episodes"]).shape == (3, 2)
+    assert (np.array(result["curve"]["return_sums"]).shape
+            == np.array(result["curve"]["episodes"]).shape == (3, 2))
     summary = result["summary"]
     assert summary["mean"]["value"] == pytest.approx(returns.mean())
     assert summary["iqm"]["value"] == pytest.approx(stats.iqm(returns))
@@ -170,8 +182,9 @@ def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path, ca
 
     # The same setting on the same seeds again, against the first run: identical returns, so the
     # differences are 0 and a run of either is as likely to be the better one.
-    second = run_harness(tmp_path, "--num-seeds", "3", "--num-chunks", "2", "--baseline", "a.json", "--quiet",
-                         "--ppo.jax-cache-dir", cache_dir)
+    second = run_harness(tmp_path, "--num-seeds", "3", "--num-chunks", "2", "--baseline", "a.json",
+                         "--quiet", "--ppo.jax-cache-dir", cache_dir)
+
     assert second.returncode == 0, second.stderr
     assert second.stderr == ""  # --quiet
     again = json.loads(second.stdout)

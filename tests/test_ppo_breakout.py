@@ -20,8 +20,12 @@ import rlax
 import tyro
 
 import ppo_breakout as ppo
-from helpers import ROOT, always_action_one, assert_truncated_steps_carry_the_value_of_final_obs
-from helpers import probe_runner
+from helpers import (
+    ROOT,
+    always_action_one,
+    assert_truncated_steps_carry_the_value_of_final_obs,
+    probe_runner,
+)
 from probe_envs import ProbeEnv
 from utils import cli, layers
 
@@ -38,10 +42,12 @@ def test_every_activation_the_cli_accepts_has_a_gain():
     assert set(typing.get_args(ppo.Args.__annotations__["activation"])) == set(ppo.ACTIVATIONS)
 
 
-@pytest.mark.parametrize("activation, feature_factor, gain", [("relu", 1, np.sqrt(2)), ("crelu", 2, 1.0)])
+@pytest.mark.parametrize("activation, feature_factor, gain",
+                         [("relu", 1, np.sqrt(2)), ("crelu", 2, 1.0)])
 def test_hidden_sizes_and_activation_set_the_shared_torso(activation, feature_factor, gain):
     # A CReLU layer of width w passes 2w features on, so each next layer reads twice as many inputs.
-    # Its orthogonal init has gain 1 (CReLU keeps the norm), a ReLU layer's sqrt(2): unit columns x gain.
+    # Its orthogonal init has gain 1 (CReLU keeps the norm), a ReLU layer's sqrt(2): unit columns x
+    # gain.
     args = tyro.cli(ppo.Args, args=["--hidden-sizes", "32", "16", "8", "--activation", activation])
     network = ppo.make_network(3, args.hidden_sizes, args.activation, args.layer_norm)
     params = network.init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
@@ -61,7 +67,8 @@ def test_layer_norm_normalises_each_torso_layers_pre_activations_per_sample(laye
     _, _, features = network.apply(params, obs, return_features=True)
     for start, width in ((0, 64), (128, 32)):  # CReLU: [relu(x), relu(-x)] gives x back
         x = features[:, start:start + width] - features[:, start + width:start + 2 * width]
-        normalised = np.allclose(x.mean(-1), 0.0, atol=1e-4) and np.allclose(x.std(-1), 3.0, rtol=1e-3)
+        normalised = (np.allclose(x.mean(-1), 0.0, atol=1e-4)
+                      and np.allclose(x.std(-1), 3.0, rtol=1e-3))
         assert normalised == layer_norm
 
 
@@ -95,16 +102,19 @@ def loss_setup(**overrides):
     params = network.init(keys[1], obs)
     params["policy"]["w"] = 300.0 * params["policy"]["w"]
     logits, values = network.apply(params, obs)
-    mb = ppo.Batch(obs=obs, action=jax.random.randint(keys[2], (64,), 0, 3), logits=logits, value=values,
-                   advantage=3.0 + 2.0 * jax.random.normal(keys[3], (64,)), target=values + 1.0)
+    mb = ppo.Batch(obs=obs, action=jax.random.randint(keys[2], (64,), 0, 3), logits=logits,
+                   value=values, advantage=3.0 + 2.0 * jax.random.normal(keys[3], (64,)),
+                   target=values + 1.0)
     return args, network, params, mb
 
 
 def test_rollout_records_only_completed_episodes_and_the_pre_reset_value():
-    env, env_params = ProbeEnv(), ProbeEnv().default_params  # episodes of 2 or 3 steps, or 4 (truncated)
+    # episodes of 2 or 3 steps, or 4 (truncated)
+    env, env_params = ProbeEnv(), ProbeEnv().default_params
     network = hk.without_apply_rng(hk.transform(always_action_one))
 
-    _, traj = ppo.collect_trajectories(probe_runner(jax.random.key(1)), env, env_params, network, num_steps=12)
+    _, traj = ppo.collect_trajectories(probe_runner(jax.random.key(1)), env, env_params, network,
+                                       num_steps=12)
 
     done = np.asarray(traj.terminated | traj.truncated)
     lengths, returns = np.asarray(traj.episode_length), np.asarray(traj.episode_return)
@@ -114,18 +124,21 @@ def test_rollout_records_only_completed_episodes_and_the_pre_reset_value():
     assert np.all(np.asarray(traj.terminated)[lengths == 4] == False)  # noqa: E712 (the time limit, not the game)
     assert (np.asarray(traj.terminated) & done).any()
     assert_truncated_steps_carry_the_value_of_final_obs(traj)
-    assert np.all(np.asarray(traj.obs)[1:][done[:-1]][:, 0] == 0.0)  # the next step starts from a reset
-    # Each step stores v(o_t) of the observation acted on (the probe's value is its clock), not of the
-    # next one, and the action sampled there.
+    # the next step starts from a reset
+    assert np.all(np.asarray(traj.obs)[1:][done[:-1]][:, 0] == 0.0)
+    # Each step stores v(o_t) of the observation acted on (the probe's value is its clock), not of
+    # the next one, and the action sampled there.
     np.testing.assert_allclose(traj.value, np.asarray(traj.obs)[..., 0])
     assert np.all(np.asarray(traj.action) == 1) and np.all(np.asarray(traj.reward) == 1)
 
 
 def test_rollout_records_which_torso_units_fired():
     args, network, params, mb = loss_setup(hidden_sizes=(8, 4), activation="relu")
-    params["torso_0"]["b"] = params["torso_0"]["b"].at[:3].set(-100.0)  # three first-layer units never fire
+    # three first-layer units never fire
+    params["torso_0"]["b"] = params["torso_0"]["b"].at[:3].set(-100.0)
     env, env_params = ppo.make_env(args.env_id, 0.0)
-    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(jax.random.key(1), 4), env_params)
+    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(jax.random.key(1), 4),
+                                                            env_params)
     runner = ppo.RunnerState(train_state=ppo.TrainState(params, None), env_state=env_state, obs=obs,
                              episode_return=jnp.zeros(4), episode_length=jnp.zeros(4, jnp.int32),
                              key=jax.random.key(2))
@@ -180,7 +193,8 @@ def test_gae_matches_reference_on_terminated_and_truncated_episodes():
 
     for env in range(num_envs):
         expected = reference_gae(rewards[:, env], values[:, env], last_value[env],
-                                 final_values[:, env], terminated[:, env], truncated[:, env], gamma, lam)
+                                 final_values[:, env], terminated[:, env], truncated[:, env], gamma,
+                                 lam)
         np.testing.assert_allclose(advantages[:, env], expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(targets, advantages + values, rtol=1e-6)
     # The truncated step bootstraps from v(final_obs): changing it changes that step's advantage.
@@ -196,7 +210,8 @@ def test_gae_matches_reference_on_terminated_and_truncated_episodes():
 def test_policy_loss_matches_rlax_fed_with_probability_ratios():
     key_new, key_old, key_act, key_adv = jax.random.split(jax.random.key(0), 4)
     logits = 3.0 * jax.random.normal(key_new, (512, 3))
-    old_logits = logits + 0.3 * jax.random.normal(key_old, (512, 3))  # some ratios fall outside the clip
+    # some ratios fall outside the clip
+    old_logits = logits + 0.3 * jax.random.normal(key_old, (512, 3))
     actions = jax.random.randint(key_act, (512,), 0, 3)
     advantages = jax.random.normal(key_adv, (512,))
 
@@ -233,7 +248,8 @@ def test_policy_loss_stays_finite_where_dividing_probabilities_fails():
 
 def test_value_loss_clipping_is_pessimistic():
     targets, old = jnp.array([1.0, 1.0, -1.0]), jnp.array([0.5, 0.5, 0.5])
-    values = jnp.array([0.8, 2.0, -0.5])  # within the clip; up past it; down past it towards the target
+    # within the clip; up past it; down past it towards the target
+    values = jnp.array([0.8, 2.0, -0.5])
     assert np.isclose(ppo.value_loss(values, old, targets, 0.2, clip_vloss=False),
                       0.5 * (0.04 + 1.0 + 0.25) / 3)
     # Clipped to old +- 0.2 = [0.3, 0.7]: max((0.8-1)^2, (0.7-1)^2) = 0.09; max(1, 0.09) = 1;
@@ -256,7 +272,10 @@ def test_each_loss_term_moves_the_policy_the_right_way():
     assert entropy(sgd_step(params, network, zero_advantages, args)) > entropy(params)
     # Only the surrogate: a step makes actions more likely in proportion to their advantage.
     args, network, params, mb = loss_setup(ent_coef=0.0, vf_coef=0.0)
-    objective = lambda p: jnp.mean(mb.advantage * ppo.log_prob(network.apply(p, mb.obs)[0], mb.action))  # noqa: E731
+
+    def objective(p):
+        return jnp.mean(mb.advantage * ppo.log_prob(network.apply(p, mb.obs)[0], mb.action))
+
     assert objective(sgd_step(params, network, mb, args)) > objective(params)
     # Only the value loss: a step brings the values towards the targets.
     args, network, params, mb = loss_setup(ent_coef=0.0)
@@ -268,7 +287,8 @@ def test_loss_is_surrogate_minus_entropy_bonus_plus_value_loss():
     args, network, params, mb = loss_setup(ent_coef=0.03, vf_coef=0.7)
     loss, metrics = ppo.ppo_loss(params, network, mb, args)
     probs = jax.nn.softmax(network.apply(params, mb.obs)[0]).astype(np.float64)
-    np.testing.assert_allclose(metrics["entropy"], np.mean(-np.sum(probs * np.log(probs), -1)), rtol=1e-5)
+    np.testing.assert_allclose(metrics["entropy"], np.mean(-np.sum(probs * np.log(probs), -1)),
+                               rtol=1e-5)
     expected = metrics["policy_loss"] - 0.03 * metrics["entropy"] + 0.7 * metrics["value_loss"]
     np.testing.assert_allclose(loss, expected, rtol=1e-6)
     assert metrics["value_loss"] > 0 and metrics["entropy"] > 0  # both terms are really there
@@ -278,8 +298,9 @@ def test_loss_is_surrogate_minus_entropy_bonus_plus_value_loss():
 # Update: the optimizer, a minibatch, an epoch, the update step learning a probe
 # --------------------------------------------------------------------------------------------------
 def test_optimizer_clips_the_global_norm_and_anneals_the_learning_rate_to_zero():
-    args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=16, num_minibatches=2, update_epochs=2,
-                                            total_timesteps=8 * 16 * 5, max_grad_norm=0.5))
+    args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=16, num_minibatches=2,
+                                            update_epochs=2, total_timesteps=8 * 16 * 5,
+                                            max_grad_norm=0.5))
     optimizer = ppo.make_optimizer(args)  # 5 iterations x 2 epochs x 2 minibatches = 20 updates
     params = {"a": jnp.zeros(3), "b": jnp.zeros(2)}
     state = optimizer.init(params)
@@ -287,27 +308,32 @@ def test_optimizer_clips_the_global_norm_and_anneals_the_learning_rate_to_zero()
     norm = np.sqrt(25.01)
     for update in range(1, 21):
         _, state = optimizer.update(grads, state, params)
-        rate = optax.tree_utils.tree_get(state, "learning_rate", filtering=lambda _, v: isinstance(v, jax.Array))
-        np.testing.assert_allclose(rate, 5e-3 * (1 - (update - 1) / 20), atol=1e-9)  # the rate it used: linear
+        rate = optax.tree_utils.tree_get(state, "learning_rate",
+                                         filtering=lambda _, v: isinstance(v, jax.Array))
+        # the rate it used: linear
+        np.testing.assert_allclose(rate, 5e-3 * (1 - (update - 1) / 20), atol=1e-9)
     # Adam's first moment holds the clipped gradient: scaled as a whole to norm 0.5, so the small
     # component keeps its share (clipping each element to +-0.5 would not).
     mu = optax.tree_utils.tree_get(state, "mu")
-    np.testing.assert_allclose(mu["a"], np.array([3.0, 0.0, 4.0]) * 0.5 / norm * (1 - 0.9**20), rtol=1e-4)
-    np.testing.assert_allclose(mu["b"], np.array([0.0, 0.1]) * 0.5 / norm * (1 - 0.9**20), rtol=1e-4)
+    np.testing.assert_allclose(mu["a"], np.array([3.0, 0.0, 4.0]) * 0.5 / norm * (1 - 0.9**20),
+                               rtol=1e-4)
+    np.testing.assert_allclose(mu["b"], np.array([0.0, 0.1]) * 0.5 / norm * (1 - 0.9**20),
+                               rtol=1e-4)
 
 
 def test_optimizer_keeps_the_rate_without_annealing_and_uses_adams_eps_of_1e5():
-    args = ppo.fill_runtime_fields(ppo.Args(total_timesteps=20 * 64 * 128, num_minibatches=1, update_epochs=1,
-                                            anneal_lr=False, num_devices=1))
+    args = ppo.fill_runtime_fields(ppo.Args(total_timesteps=20 * 64 * 128, num_minibatches=1,
+                                            update_epochs=1, anneal_lr=False, num_devices=1))
     optimizer = ppo.make_optimizer(args)
     params = {"w": jnp.zeros(2)}
     state = optimizer.init(params)
     for _ in range(20):
         updates, state = optimizer.update({"w": jnp.array([1e-6, -1e-6])}, state, params)
-        rate = optax.tree_utils.tree_get(state, "learning_rate", filtering=lambda _, v: isinstance(v, jax.Array))
+        rate = optax.tree_utils.tree_get(state, "learning_rate",
+                                         filtering=lambda _, v: isinstance(v, jax.Array))
         np.testing.assert_allclose(rate, 5e-3)
-    # Adam's step is lr * m / (sqrt(v) + eps); with a gradient of 1e-6 and eps 1e-5 it is lr / 11, where
-    # optax's default eps of 1e-8 would give nearly lr.
+    # Adam's step is lr * m / (sqrt(v) + eps); with a gradient of 1e-6 and eps 1e-5 it is lr / 11,
+    # where optax's default eps of 1e-8 would give nearly lr.
     np.testing.assert_allclose(updates["w"], [-5e-3 / 11, 5e-3 / 11], rtol=1e-3)
 
 
@@ -320,20 +346,22 @@ def test_direct_ratio_takes_the_same_step_where_both_are_finite():
     steps = {}
     for ratio in ("log", "direct"):
         ratio_args = dataclasses.replace(args, ratio=ratio)
-        (steps[ratio], _), info = ppo.update_minibatch(ppo.TrainState(params, optimizer.init(params)), mb,
-                                                       network, optimizer, ratio_args)
+        train_state = ppo.TrainState(params, optimizer.init(params))
+        (steps[ratio], _), info = ppo.update_minibatch(train_state, mb, network, optimizer,
+                                                       ratio_args)
         clipfrac = ppo.loss_metrics(info, args.clip_coef)["clipfrac"]
         assert 0 < clipfrac < 1  # both sides of the clip are exercised
     for a, b in zip(jax.tree.leaves(steps["log"]), jax.tree.leaves(steps["direct"])):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     logits = network.apply(params, mb.obs)[0]
-    np.testing.assert_allclose(ppo.policy_loss(logits, mb.logits, mb.action, mb.advantage, 0.2, "direct")[1],
-                               ppo.policy_loss(logits, mb.logits, mb.action, mb.advantage, 0.2, "log")[1],
-                               rtol=1e-4, atol=1e-5)
+    direct = ppo.policy_loss(logits, mb.logits, mb.action, mb.advantage, 0.2, "direct")
+    log_space = ppo.policy_loss(logits, mb.logits, mb.action, mb.advantage, 0.2, "log")
+    np.testing.assert_allclose(direct[1], log_space[1], rtol=1e-4, atol=1e-5)
     # Where a probability underflows, the direct ratio is 0 / 0 and the log-space one is not.
     far = jnp.array([[-200.0, 0.0, 0.0]])
-    assert np.isnan(ppo.policy_loss(far, far - 1.0, jnp.array([0]), jnp.array([1.0]), 0.2, "direct")[0])
-    assert np.isfinite(ppo.policy_loss(far, far - 1.0, jnp.array([0]), jnp.array([1.0]), 0.2, "log")[0])
+    action, advantage = jnp.array([0]), jnp.array([1.0])
+    assert np.isnan(ppo.policy_loss(far, far - 1.0, action, advantage, 0.2, "direct")[0])
+    assert np.isfinite(ppo.policy_loss(far, far - 1.0, action, advantage, 0.2, "log")[0])
 
 
 @pytest.mark.parametrize("norm_adv", [True, False])
@@ -359,14 +387,17 @@ def test_an_epoch_steps_on_each_minibatch_with_its_advantages_normalised_within_
 
 
 def test_update_step_learns_the_probe_optimum_and_bootstraps_through_truncation():
-    # Horizon 100 never comes: every episode is truncated at 4 steps, so nothing ever terminates and
-    # the true value of every state under the optimal policy (always action 1) is 1 / (1 - gamma) = 2.
+    # Horizon 100 never comes: every episode is truncated at 4 steps, so nothing ever terminates
+    # and the true value of every state under the optimal policy (always action 1) is
+    # 1 / (1 - gamma) = 2.
+
     # Treating truncation as termination would instead teach values between 1 and 1.875.
     env = ProbeEnv(horizons=(100,))
     env_params = env.default_params
     args = ppo.fill_runtime_fields(ppo.Args(
-        num_envs=16, num_steps=16, num_minibatches=4, update_epochs=4, gamma=0.5, learning_rate=3e-3,
-        anneal_lr=False, total_timesteps=16 * 16 * 150, ent_coef=0.0, clip_vloss=False))
+        num_envs=16, num_steps=16, num_minibatches=4, update_epochs=4, gamma=0.5,
+        learning_rate=3e-3, anneal_lr=False, total_timesteps=16 * 16 * 150, ent_coef=0.0,
+        clip_vloss=False))
     network = ppo.make_network(2, args.hidden_sizes, args.activation, args.layer_norm)
     optimizer = ppo.make_optimizer(args)
     runner = ppo.init_runner(jax.random.key(0), env, env_params, network, optimizer, args.num_envs)
@@ -385,11 +416,13 @@ def test_update_step_learns_the_probe_optimum_and_bootstraps_through_truncation(
 # --------------------------------------------------------------------------------------------------
 def test_loss_metrics_average_every_epoch_and_minibatch():
     # The first gradient step sees the rollout's own parameters (ratio 1: nothing clipped); an Adam
-    # step of size 1 then moves the policy so far that every later step clips everything. Over 2 epochs
-    # x 2 minibatches the mean clip fraction is therefore 3/4: 1 would mean only the last step was
-    # reported, 0 only the first.
-    args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=16, num_minibatches=2, update_epochs=2,
-                                            learning_rate=1.0, anneal_lr=False, total_timesteps=128))
+    # step of size 1 then moves the policy so far that every later step clips everything. Over 2
+    # epochs x 2 minibatches the mean clip fraction is therefore 3/4: 1 would mean only the last
+    # step was reported, 0 only the first.
+
+    args = ppo.fill_runtime_fields(ppo.Args(num_envs=8, num_steps=16, num_minibatches=2,
+                                            update_epochs=2, learning_rate=1.0, anneal_lr=False,
+                                            total_timesteps=128))
     env, env_params = gymnax.make(args.env_id)
     network = ppo.make_network(3, args.hidden_sizes, args.activation, args.layer_norm)
     optimizer = ppo.make_optimizer(args)
@@ -407,7 +440,8 @@ def test_approx_kl_is_the_low_variance_k3_estimator_not_the_naive_one():
     _, info = ppo.ppo_loss(params, network, mb, args)
     metrics = ppo.loss_metrics(info, args.clip_coef)
     rows = np.arange(len(mb.action))
-    new = np.asarray(jax.nn.log_softmax(network.apply(params, mb.obs)[0]), np.float64)[rows, mb.action]
+    new_logits = network.apply(params, mb.obs)[0]
+    new = np.asarray(jax.nn.log_softmax(new_logits), np.float64)[rows, mb.action]
     old = np.asarray(jax.nn.log_softmax(mb.logits), np.float64)[rows, mb.action]
     log_r = new - old
     np.testing.assert_allclose(metrics["approx_kl"], np.mean(np.expm1(log_r) - log_r), rtol=1e-4)
@@ -451,5 +485,7 @@ def test_importing_the_script_changes_nothing_global():
             "assert gc.isenabled() and gc.get_freeze_count() == n; "
             "assert 'JAX_NUM_CPU_DEVICES' not in os.environ; print('ok')")
     env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                          text=True)
+
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

@@ -13,8 +13,11 @@ import optax
 from jax.sharding import PartitionSpec as P
 
 import ppo_breakout as ppo
-from helpers import always_action_one, assert_truncated_steps_carry_the_value_of_final_obs
-from helpers import probe_runner
+from helpers import (
+    always_action_one,
+    assert_truncated_steps_carry_the_value_of_final_obs,
+    probe_runner,
+)
 from probe_envs import ProbeEnv
 from utils import parallel
 
@@ -36,12 +39,14 @@ def test_rollout_value_of_final_obs_per_device_and_under_vmap():
         any_truncated = [group.any(axis=1) for group in groups(np.asarray(traj.truncated))]
         assert (any_truncated[0] != any_truncated[1]).any()  # the cond went both ways on one step
 
-    on_devices = jax.jit(jax.shard_map(rollout, mesh=parallel.make_mesh(2), in_specs=(ppo.RUNNER_SPECS,),
-                                       out_specs=P(None, "envs"), check_vma=False))
+    on_devices = jax.jit(jax.shard_map(rollout, mesh=parallel.make_mesh(2),
+                                       in_specs=(ppo.RUNNER_SPECS,), out_specs=P(None, "envs"),
+                                       check_vma=False))
     check(on_devices(probe_runner(jax.random.key(1), num_envs)),
           lambda x: (x[:, :num_envs // 2], x[:, num_envs // 2:]))
 
-    runners = jax.vmap(probe_runner, in_axes=(0, None))(jax.random.split(jax.random.key(2), 2), num_envs)
+    runners = jax.vmap(probe_runner, in_axes=(0, None))(jax.random.split(jax.random.key(2), 2),
+                                                        num_envs)
     check(jax.jit(jax.vmap(rollout))(runners), lambda x: (x[0], x[1]))
 
 
@@ -91,8 +96,10 @@ def test_parallel_update_step_keeps_every_device_on_the_same_parameters():
     network = ppo.make_network(3, args.hidden_sizes, args.activation, args.layer_norm)
     optimizer = ppo.make_optimizer(args)
     mesh = parallel.make_mesh(2)
-    runner = jax.jit(functools.partial(ppo.init_runner, env=env, env_params=env_params, network=network,
-                                       optimizer=optimizer, num_envs=args.num_envs),
+    runner = jax.jit(functools.partial(ppo.init_runner, env=env, env_params=env_params,
+                                       network=network, optimizer=optimizer,
+                                       num_envs=args.num_envs),
+
                      out_shardings=parallel.shardings(mesh, ppo.RUNNER_SPECS))(jax.random.key(0))
     update_step = ppo.make_parallel_update_step(args, env, env_params, network, optimizer, mesh)
     start = runner.train_state.params

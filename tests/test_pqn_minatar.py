@@ -20,10 +20,10 @@ import optax
 import pytest
 import safetensors.numpy
 from jax.sharding import PartitionSpec as P
-from probe_envs import ProbeEnv
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import pqn_minatar as pqn
+from probe_envs import ProbeEnv
 from utils import checkpoint, parallel, training
 
 

@@ -23,12 +23,22 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import loss_stability as ls
 import ppo_breakout as ppo
-from helpers import GAMES, ROOT, SCRIPT, TINY, network_args, only_run_dir, read_scalars
-from helpers import read_summary, run_in_process, run_script, tiny_network_params
+from helpers import (
+    GAMES,
+    ROOT,
+    SCRIPT,
+    TINY,
+    network_args,
+    only_run_dir,
+    read_scalars,
+    read_summary,
+    run_in_process,
+    run_script,
+    tiny_network_params,
+)
 from utils import diagnostics, files
 from utils import model as model_file
 from utils.evaluation import evaluate
-
 
 # --------------------------------------------------------------------------------------------------
 # ppo_breakout.py: a run and what it leaves
@@ -44,7 +54,8 @@ DIAGNOSTIC_TAGS = [f"diagnostics/{name}" for name in diagnostics.DIAGNOSTICS] + 
 
 def test_script_logs_tensorboard_and_writes_summary(tiny_run):
     result, run_dir = tiny_run
-    assert "eval (sampled, 8 episodes)" in result.stdout and "eval ( greedy, 8 episodes)" in result.stdout
+    assert ("eval (sampled, 8 episodes)" in result.stdout
+            and "eval ( greedy, 8 episodes)" in result.stdout)
     assert os.path.basename(run_dir).startswith("Breakout-MinAtar__ppo__3__")
 
     scalars = read_scalars(run_dir)
@@ -53,11 +64,14 @@ def test_script_logs_tensorboard_and_writes_summary(tiny_run):
     assert len(scalars["losses/policy_loss"]) == 2  # one point per iteration
     assert [step for step, _ in scalars["charts/SPS"]] == [2048, 4096]
     learning_rates = [value for _, value in scalars["charts/learning_rate"]]
-    # 2 iterations x 1 epoch x 4 minibatches: the last updates of each iteration are numbers 3 and 7 of 8.
+    # 2 iterations x 1 epoch x 4 minibatches: the last updates of each iteration are numbers 3 and 7
+    # of 8.
     assert learning_rates == pytest.approx([5e-3 * (1 - 3 / 8), 5e-3 * (1 - 7 / 8)])
-    assert all(0 < value < 1000 for _, value in scalars["charts/episodic_length"])  # never a placeholder 0
+    # never a placeholder 0
+    assert all(0 < value < 1000 for _, value in scalars["charts/episodic_length"])
     for tag in DIAGNOSTIC_TAGS:
-        assert len(scalars[tag]) == 2 and np.isfinite([value for _, value in scalars[tag]]).all(), tag
+        values = [value for _, value in scalars[tag]]
+        assert len(scalars[tag]) == 2 and np.isfinite(values).all(), tag
     frequencies = np.array([[value for _, value in scalars[f"diagnostics/action_{a}_frequency"]]
                             for a in range(3)])
     np.testing.assert_allclose(frequencies.sum(0), 1.0, rtol=1e-5)
@@ -84,12 +98,14 @@ def test_script_logs_tensorboard_and_writes_summary(tiny_run):
             assert 1 <= numbers["distinct_episodes"] <= 8
             assert sum(numbers["return_counts"].values()) == 8
             assert sum(numbers["ball_lost"]["bricks_left"].values()) == numbers["terminated"]
-    assert summary["eval"]["greedy"]["distinct_episodes"] <= 2  # a deterministic game: one per ball start
+    # a deterministic game: one per ball start
+    assert summary["eval"]["greedy"]["distinct_episodes"] <= 2
     assert summary["eval_episodes"] == 8
     for key in ("compile_seconds", "train_seconds", "sps", "wall_seconds"):
         assert summary[key] > 0
     assert summary["args"]["num_envs"] == 16 and summary["args"]["batch_size"] == 2048
-    assert summary["args"]["num_devices"] == 2  # the data-parallel path ran (conftest.py: 2 devices)
+    # the data-parallel path ran (conftest.py: 2 devices)
+    assert summary["args"]["num_devices"] == 2
     assert summary["model"] == os.path.join("runs", os.path.basename(run_dir), "model.safetensors")
 
 
@@ -122,17 +138,20 @@ def test_diagnostics_observe_training_without_changing_it(tiny_run, tmp_path):
 def random_policy_return(env_id: str, episodes: int = 256) -> float:
     env, env_params = gymnax.make(env_id)
     uniform = lambda params, obs: jnp.zeros((obs.shape[0], env.num_actions))  # noqa: E731
-    result = evaluate(jax.random.key(0), None, False, env=env, env_params=env_params, policy_apply=uniform,
-                      num_episodes=episodes, max_steps=env_params.max_steps_in_episode + 1)
+    result = evaluate(jax.random.key(0), None, False, env=env, env_params=env_params,
+                      policy_apply=uniform, num_episodes=episodes,
+                      max_steps=env_params.max_steps_in_episode + 1)
     return float(result.returns.mean())
 
 
 def test_short_breakout_run_learns_what_correct_code_reaches(tmp_path):
-    # At 250k steps the correct code's sampled return was 13.0-16.7 over seeds 1-7, and a rollout that
-    # stores v(next observation) scored 4.3-5.8 (docs/ppo_breakout.md, "Tests"): the bar sits between.
-    # The bar was measured without LayerNorm, sticky actions and the convolution: the test pins those flags.
-    result = run_in_process(tmp_path, "--total-timesteps", "250000", "--eval-episodes", "64", "--no-save-model",
-                            "--no-layer-norm", "--sticky-action-prob", "0", "--conv-channels", "0")
+    # At 250k steps the correct code's sampled return was 13.0-16.7 over seeds 1-7, and a rollout
+    # that stores v(next observation) scored 4.3-5.8 (docs/ppo_breakout.md, "Tests"): the bar sits
+    # between. The bar was measured without LayerNorm, sticky actions and the convolution: the test
+    # pins those flags.
+    result = run_in_process(tmp_path, "--total-timesteps", "250000", "--eval-episodes", "64",
+                            "--no-save-model", "--no-layer-norm", "--sticky-action-prob", "0",
+                            "--conv-channels", "0")
     assert result.returncode == 0, result.stderr
     summary = json.load(open(glob.glob(str(tmp_path / "runs" / "*" / "summary.json"))[0]))
     random_return = random_policy_return("Breakout-MinAtar")
@@ -143,8 +162,9 @@ def test_short_breakout_run_learns_what_correct_code_reaches(tmp_path):
 # --------------------------------------------------------------------------------------------------
 # ppo_breakout.py on every game
 # --------------------------------------------------------------------------------------------------
-SMOKE = ["--total-timesteps", "512", "--num-envs", "8", "--num-steps", "32", "--num-minibatches", "2",
-         "--update-epochs", "1", "--eval-episodes", "4", "--no-diagnostics"]
+SMOKE = ["--total-timesteps", "512", "--num-envs", "8", "--num-steps", "32",
+         "--num-minibatches", "2", "--update-epochs", "1", "--eval-episodes", "4",
+         "--no-diagnostics"]
 
 
 @pytest.mark.parametrize("env_id", [*GAMES, "CartPole-v1"])
@@ -156,7 +176,8 @@ def test_each_game_trains_evaluates_and_is_drawn(env_id, tmp_path):
     with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
     assert summary["status"] == "completed" and summary["global_step"] == 512
-    grid = env_id.endswith("-MinAtar")  # the default convolution reads grids; CartPole's is a vector
+    # the default convolution reads grids; CartPole's is a vector
+    grid = env_id.endswith("-MinAtar")
     assert summary["args"]["conv_channels"] == (8 if grid else 0)
     for protocol in (summary["eval"], summary["eval"]["sticky_0.1"]):
         assert np.isfinite(protocol["sampled"]["mean"]) and np.isfinite(protocol["greedy"]["mean"])
@@ -183,19 +204,20 @@ def test_a_saved_model_evaluates_to_the_training_runs_own_evaluation(tiny_run, t
 def test_a_saved_model_brings_its_network_arguments_with_it(tmp_path):
     # A model of another width, activation, convolution and game evaluates without its flags: the
     # header gives them.
-    args = tyro.cli(ppo.Args, args=["--hidden-sizes", "16", "--activation", "relu", "--env-id", "Asterix-MinAtar",
-                                    "--conv-channels", "2"])
+    args = tyro.cli(ppo.Args, args=["--hidden-sizes", "16", "--activation", "relu",
+                                    "--env-id", "Asterix-MinAtar", "--conv-channels", "2"])
     env, env_params = ppo.make_env(args.env_id, 0.0)
     obs = jnp.zeros((1, *env.observation_space(env_params).shape))
     params = ppo.make_network(env.num_actions, args.hidden_sizes, args.activation,
                               args.layer_norm, args.conv_channels).init(jax.random.key(0), obs)
     model = str(tmp_path / "asterix.safetensors")
     model_file.save_model(model, params, network_args(args), {})
-    result = run_in_process(tmp_path, "--load-model", model, "--eval-episodes", "4", "--hidden-sizes", "16")
+    result = run_in_process(tmp_path, "--load-model", model, "--eval-episodes", "4",
+                            "--hidden-sizes", "16")
     assert result.returncode == 0, result.stderr
     saved = read_summary(only_run_dir(tmp_path))["args"]
-    assert (saved["env_id"], saved["hidden_sizes"], saved["activation"], saved["conv_channels"]) == (
-        "Asterix-MinAtar", [16], "relu", 2)
+    assert (saved["env_id"], saved["hidden_sizes"], saved["activation"],
+            saved["conv_channels"]) == ("Asterix-MinAtar", [16], "relu", 2)
 
 
 def test_a_run_with_a_convolution_trains_and_saves_it(tmp_path):
@@ -203,7 +225,9 @@ def test_a_run_with_a_convolution_trains_and_saves_it(tmp_path):
     assert result.returncode == 0, result.stderr
     run_dir = only_run_dir(tmp_path)
     assert read_summary(run_dir)["status"] == "completed"
-    tensors, header = files.read_safetensors(os.path.join(run_dir, "model.safetensors"), "--load-model")
+    tensors, header = files.read_safetensors(os.path.join(run_dir, "model.safetensors"),
+                                             "--load-model")
+
     assert tensors["conv/w"].shape == (3, 3, 4, 2) and json.loads(header["conv_channels"]) == 2
 
 
@@ -235,7 +259,8 @@ def damaged_copies(model: str, folder) -> dict[str, str]:
 
 
 def run_main(monkeypatch, capsys, cwd, *flags) -> tuple[int, list[str]]:
-    """main() in this process, as `python ppo_breakout.py FLAGS` run in cwd: (exit status, stderr lines)."""
+    """main() in this process, as `python ppo_breakout.py FLAGS` run in cwd: (exit status, stderr
+    lines)."""
     monkeypatch.chdir(cwd)
     monkeypatch.setattr(sys, "argv", ["ppo_breakout.py", *flags])
     with pytest.raises(SystemExit) as exit_:
@@ -243,7 +268,8 @@ def run_main(monkeypatch, capsys, cwd, *flags) -> tuple[int, list[str]]:
     return exit_.value.code, capsys.readouterr().err.strip().splitlines()
 
 
-def test_a_damaged_or_mismatched_model_is_refused_with_one_line(tiny_run, tmp_path, monkeypatch, capsys):
+def test_a_damaged_or_mismatched_model_is_refused_with_one_line(tiny_run, tmp_path, monkeypatch,
+                                                                capsys):
     _, train_dir = tiny_run
     model = os.path.join(train_dir, "model.safetensors")
     folder = tmp_path / "files"
@@ -256,9 +282,11 @@ def test_a_damaged_or_mismatched_model_is_refused_with_one_line(tiny_run, tmp_pa
     garbled = str(folder / "garbled.safetensors")
     tensors, header = files.read_safetensors(model, "--load-model")
     safetensors.numpy.save_file(tensors, garbled, header | {"hidden_sizes": "[64,"})
-    cases["a garbled header"] = ([garbled], f"{garbled}: the header's hidden_sizes is not valid JSON ('[64,')")
+    cases["a garbled header"] = (
+        [garbled], f"{garbled}: the header's hidden_sizes is not valid JSON ('[64,')")
     # A flag given explicitly that contradicts the header (one the header agrees with is fine).
-    cases["other widths"] = ([model, "--hidden-sizes", "64", "32"], "--hidden-sizes 64 64, not 64 32")
+    cases["other widths"] = ([model, "--hidden-sizes", "64", "32"],
+                             "--hidden-sizes 64 64, not 64 32")
     cases["other game"] = ([model, "--env-id", "Asterix-MinAtar", "--hidden-sizes", "64", "64"],
                            "--env-id Breakout-MinAtar, not Asterix-MinAtar")
     for name, (flags, message) in cases.items():
@@ -303,7 +331,8 @@ BAD_INPUTS = [
     (["--hidden-sizes"], "--hidden-sizes must be one or more positive widths"),
     (["--conv-channels", "-1"], "--conv-channels must be 0 (none) or positive, got -1"),
     (["--conv-channels", "8", "--env-id", "CartPole-v1"],
-     "--conv-channels needs a grid of observations (height, width, channels); CartPole-v1's are of shape (4,)"),
+     "--conv-channels needs a grid of observations (height, width, channels); "
+     "CartPole-v1's are of shape (4,)"),
     (["--exp-name", "../../../escape"], "--exp-name must be a plain name"),
     (["--exp-name", "a/b"], "--exp-name must be a plain name"),
     (["--exp-name", ".."], "--exp-name must be a plain name"),
@@ -324,8 +353,10 @@ BAD_INPUTS = [
 ]
 
 
-@pytest.mark.parametrize("flags, message", BAD_INPUTS, ids=[" ".join(f)[:40] for f, _ in BAD_INPUTS])
-def test_bad_input_exits_2_with_one_line_and_writes_nothing(flags, message, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("flags, message", BAD_INPUTS,
+                         ids=[" ".join(f)[:40] for f, _ in BAD_INPUTS])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(flags, message, tmp_path, monkeypatch,
+                                                            capsys):
     status, err = run_main(monkeypatch, capsys, tmp_path, *flags)
     assert status == 2
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
@@ -333,7 +364,8 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(flags, message, tmp_
 
 
 def test_bad_input_from_the_command_line_exits_2_with_one_line(tmp_path):
-    result = run_script(tmp_path, "--num-envs", "64", "--num-steps", "100", "--num-minibatches", "3")
+    result = run_script(tmp_path, "--num-envs", "64", "--num-steps", "100",
+                        "--num-minibatches", "3")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: the batch (num_envs * num_steps = 6400) does not divide into --num-minibatches 3"]
@@ -352,7 +384,8 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_finite_parameters(tm
     assert summary["non_finite"] in line and "eval" not in summary
     assert "charts/SPS" in read_scalars(run_dir)  # the log was flushed and reads back
     args = tyro.cli(ppo.Args, args=TINY)
-    saved = model_file.load_model(os.path.join(run_dir, "model.safetensors"), network_args(args), tiny_network_params(args))
+    saved = model_file.load_model(os.path.join(run_dir, "model.safetensors"), network_args(args),
+                                  tiny_network_params(args))
     assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(saved))
 
 
@@ -360,8 +393,8 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_finite_parameters(tm
 def test_a_signal_ends_the_run_cleanly_after_the_current_iteration(signum, status, tmp_path):
     total = 2048 * 10_000  # far longer than the test waits
     process = subprocess.Popen([sys.executable, SCRIPT, *TINY, "--total-timesteps", str(total)],
-                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                               cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
         assert "logging to" in process.stdout.readline()  # compiled; training starts
         process.send_signal(signum)
@@ -376,7 +409,8 @@ def test_a_signal_ends_the_run_cleanly_after_the_current_iteration(signum, statu
     # It stopped at the end of an iteration, and everything up to there was logged.
     assert len(read_scalars(run_dir)["charts/SPS"]) == summary["global_step"] // 2048
     args = tyro.cli(ppo.Args, args=TINY)
-    model_file.load_model(os.path.join(run_dir, "model.safetensors"), network_args(args), tiny_network_params(args))
+    model_file.load_model(os.path.join(run_dir, "model.safetensors"), network_args(args),
+                          tiny_network_params(args))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -400,11 +434,12 @@ def png_size(path):
 
 @pytest.mark.usefixtures("float64_available")
 def test_main_writes_what_its_summary_says(tmp_path, monkeypatch, capsys):
-    # In-process (so that coverage and mutation tools see it), on the smallest grid the script accepts.
+    # In-process (so that coverage and mutation tools see it), on the smallest grid the script
+    # accepts.
     out_dir = tmp_path / "out"
     out_dir.mkdir()  # rerunning into an existing directory is how the docs' copies are regenerated
-    monkeypatch.setattr(sys, "argv", ["loss_stability.py", "--out-dir", str(out_dir), "--num-points",
-                                      str(ls.MIN_POINTS)])
+    monkeypatch.setattr(sys, "argv", ["loss_stability.py", "--out-dir", str(out_dir),
+                                      "--num-points", str(ls.MIN_POINTS)])
     y_labels, save_figure = {}, ls.save_figure
     monkeypatch.setattr(ls, "save_figure", lambda fig, path: (
         y_labels.update({os.path.basename(path): fig.get_supylabel()}), save_figure(fig, path)))
@@ -415,11 +450,13 @@ def test_main_writes_what_its_summary_says(tmp_path, monkeypatch, capsys):
         assert png_size(out_dir / figure) == (1200, 1350)  # 12 x 13.5 inches at 100 dpi
     # Each figure's axis says what it plots.
     assert "relative error of the loss" in y_labels["loss_sweep.png"]
-    assert "gradient error" in y_labels["gradient_sweep.png"] and "ulps" in y_labels["safe_zone_ulps.png"]
+    assert ("gradient error" in y_labels["gradient_sweep.png"]
+            and "ulps" in y_labels["safe_zone_ulps.png"])
     summary = json.loads((out_dir / "summary.json").read_text())
     assert summary["args"]["num_points"] == ls.MIN_POINTS
     out = capsys.readouterr().out
-    assert out.startswith("\n\n".join(ls.format_tables(summary))) and out.endswith(f"to {out_dir}\n")
+    assert (out.startswith("\n\n".join(ls.format_tables(summary)))
+            and out.endswith(f"to {out_dir}\n"))
 
     # The summary: each dtype computed in its own precision, checked against its own float format.
     for dtype in ls.DTYPES:
@@ -427,15 +464,19 @@ def test_main_writes_what_its_summary_says(tmp_path, monkeypatch, capsys):
         assert summary["exp_flushes_subnormals"][name] == ls.exp_flushes_subnormals(dtype)
         predicted = ls.predicted_breaks(dtype, 0.99, ls.exp_flushes_subnormals(dtype))
         for method, t in summary["thresholds"][name].items():
-            assert t["matches_prediction"] and t["predicted"] == json.loads(json.dumps(predicted[method]))
+            assert (t["matches_prediction"]
+                    and t["predicted"] == json.loads(json.dumps(predicted[method])))
         safe = summary["safe_zone_ulp_error"][name]
         errors = [s["max_abs_loss_error"] for s in safe.values()]
-        assert (1e-9 < min(errors) and max(errors) < 1e-5) if name == "float32" else max(errors) < 1e-13
+        assert ((1e-9 < min(errors) and max(errors) < 1e-5) if name == "float32"
+                else max(errors) < 1e-13)
+
         assert set(summary["log_space_paired_not_worse"][name]) == {
             "sweep 1 loss", "sweep 1 gradient", "sweep 2 loss (ulps)", "sweep 2 gradient"
         }
     for sweep, (low, high) in [("sweep 1", (-1000, 1000)), ("sweep 2", (-20, 20))]:
-        assert summary["windows"][sweep]["edges"] == np.linspace(low, high, ls.NUM_WINDOWS + 1).tolist()
+        assert (summary["windows"][sweep]["edges"]
+                == np.linspace(low, high, ls.NUM_WINDOWS + 1).tolist())
 
     # The CSVs: one column per dtype, method and quantity, agreeing with what the summary reports.
     with open(out_dir / "sweep_large.csv") as f:
@@ -443,23 +484,31 @@ def test_main_writes_what_its_summary_says(tmp_path, monkeypatch, capsys):
     with open(out_dir / "sweep_safe.csv") as f:
         safe = list(csv.DictReader(f))
     assert len(large) == len(safe) == ls.MIN_POINTS
-    assert all(v == "%.6g" % float(v) for row in large + safe for v in row.values())  # 6 digits, "nan", "inf"
-    np.testing.assert_allclose([float(r["m"]) for r in large], np.linspace(-1000, 1000, ls.MIN_POINTS))
+    # 6 digits, "nan", "inf"
+    assert all(v == "%.6g" % float(v) for row in large + safe for v in row.values())
+    np.testing.assert_allclose([float(r["m"]) for r in large],
+                               np.linspace(-1000, 1000, ls.MIN_POINTS))
     np.testing.assert_allclose([float(r["m"]) for r in safe], np.linspace(-20, 20, ls.MIN_POINTS))
     quantities = {"loss", "loss_rel_error", "grad_error"}
-    assert set(large[0]) == {"m"} | {f"{name}/reference/loss" for name in ("float32", "float64")} | {
-        f"{name}/{method}/{q}" for name in ("float32", "float64") for method in ls.METHODS for q in quantities
-    }
+    assert set(large[0]) == (
+        {"m"} | {f"{name}/reference/loss" for name in ("float32", "float64")}
+        | {f"{name}/{method}/{q}"
+           for name in ("float32", "float64") for method in ls.METHODS for q in quantities})
     for name in ("float32", "float64"):
         for method in ls.METHODS:
-            column = lambda rows, q: np.array([float(r[f"{name}/{method}/{q}"]) for r in rows])
+
+            def column(rows, q):
+                return np.array([float(r[f"{name}/{method}/{q}"]) for r in rows])
+
             for q, key in [("loss_rel_error", "loss"), ("grad_error", "grad")]:
                 errors = column(large, q)
                 largest = summary["thresholds"][name][method]["largest_finite_error"][key]
                 np.testing.assert_allclose(errors[np.isfinite(errors)].max(), largest, rtol=1e-5)
             stats = summary["safe_zone_ulp_error"][name][method]
-            np.testing.assert_allclose(np.abs(column(safe, "ulp_error")).max(), stats["max_abs"], rtol=1e-5)
-            np.testing.assert_allclose(column(safe, "grad_error").max(), stats["max_grad_error"], rtol=1e-5)
+            np.testing.assert_allclose(np.abs(column(safe, "ulp_error")).max(), stats["max_abs"],
+                                       rtol=1e-5)
+            np.testing.assert_allclose(column(safe, "grad_error").max(), stats["max_grad_error"],
+                                       rtol=1e-5)
 
 
 @pytest.mark.usefixtures("float64_available")
@@ -479,10 +528,12 @@ def test_script_runs_from_the_shell(tmp_path):
         (["--min-logit", "5", "--max-logit", "5"], "must be below --max-logit"),
         (["--num-points", "0"], "--num-points must be at least 65"),
         (["--out-dir", "{blocker}/figures"], "is a file, not a directory"),
-        (["--out-dir", "{tmp}/" + "x" * 300], "File name too long"),  # passes the checks, fails makedirs
+        # passes the checks, fails makedirs
+        (["--out-dir", "{tmp}/" + "x" * 300], "File name too long"),
     ],
 )
-def test_bad_args_exit_2_with_one_error_line_and_write_nothing(tmp_path, monkeypatch, capsys, flags, message):
+def test_bad_args_exit_2_with_one_error_line_and_write_nothing(tmp_path, monkeypatch, capsys, flags,
+                                                               message):
     blocker = tmp_path / "blocker"
     blocker.write_text("a regular file where a directory would have to be")
     flags = [flag.format(blocker=blocker, tmp=tmp_path) for flag in flags]
@@ -504,4 +555,6 @@ def test_unwritable_out_dir_exits_2_from_the_shell(tmp_path):
     blocker.write_text("")
     result = run_loss_study("--out-dir", str(blocker / "figures"))
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.strip() == f"error: --out-dir {blocker}/figures: {blocker} is a file, not a directory"
+    assert result.stderr.strip() == (f"error: --out-dir {blocker}/figures: {blocker} is a file, "
+                                     "not a directory")
+

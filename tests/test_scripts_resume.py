@@ -48,8 +48,9 @@ def main_in_process(cwd, *flags) -> tuple[int, list[str]]:
 
 def start_script(cwd) -> subprocess.Popen:
     command = [sys.executable, os.path.join(ROOT, "ppo_breakout.py"), *FLAGS]
-    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=ENV)
+    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV)
+
 
 
 def checkpoint_iteration(run_dir) -> int:

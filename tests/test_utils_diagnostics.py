@@ -21,7 +21,8 @@ def test_training_diagnostics_against_numpy_on_one_and_two_devices():
                       advantage=jnp.asarray(rng.normal(loc=2.0, size=n), jnp.float32),
                       target=jnp.asarray(rng.normal(size=n), jnp.float32))
     b = jax.device_get(batch)
-    # Units 0-3 fired on device 0's share, units 2-5 on device 1's; 6 and 7 on neither: 2 of 8 silent.
+    # Units 0-3 fired on device 0's share, units 2-5 on device 1's; 6 and 7 on neither: 2 of 8
+    # silent.
     active = jnp.array([[1, 1, 1, 1, 0, 0, 0, 0], [0, 0, 1, 1, 1, 1, 0, 0]], bool)
     # Each device's log-ratios, (epochs=1, minibatches=2, rows=2); 2.0 lies beyond the histogram.
     log_ratio = jnp.array([[[[-0.3, 0.1], [0.2, 0.5]]], [[[-0.1, 0.0], [0.4, 2.0]]]])
@@ -45,8 +46,11 @@ def test_training_diagnostics_against_numpy_on_one_and_two_devices():
         np.testing.assert_allclose(result["action_frequency"], [0.5, 0.25, 0.25])
         for name, data in (("logits", b.logits), ("value", b.value), ("advantage", b.advantage)):
             h = result["histograms"][name]
-            np.testing.assert_array_equal(h["counts"], np.histogram(data, np.asarray(h["edges"]))[0])
-            np.testing.assert_allclose([h["edges"][0], h["edges"][-1]], [data.min(), data.max()], rtol=1e-6)
+            np.testing.assert_array_equal(h["counts"],
+                                          np.histogram(data, np.asarray(h["edges"]))[0])
+            np.testing.assert_allclose([h["edges"][0], h["edges"][-1]], [data.min(), data.max()],
+                                       rtol=1e-6)
+
         # Every log-ratio of both devices, the 2.0 in the last bin.
         expected_counts = np.histogram(np.clip(log_ratio, -1, 0.999), np.linspace(-1, 1, 31))[0]
         np.testing.assert_array_equal(result["histograms"]["log_ratio"]["counts"], expected_counts)

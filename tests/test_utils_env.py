@@ -29,7 +29,8 @@ def sticky_rollout(env, env_params, actions: np.ndarray, key: jax.Array):
         executed = state.last_action if hasattr(state, "last_action") else action
         return (state, obs), (executed, obs, terminated | truncated)
 
-    _, out = jax.lax.scan(step, (state, obs), (jnp.asarray(actions), jax.random.split(key, len(actions))))
+    _, out = jax.lax.scan(step, (state, obs),
+                          (jnp.asarray(actions), jax.random.split(key, len(actions))))
     return jax.device_get(out)
 
 
@@ -51,7 +52,8 @@ def test_sticky_actions_repeat_the_executed_action_with_the_given_probability():
     env = StickyActions(ProbeEnv())  # episodes of 2-4 steps: thousands of episode boundaries
     executed, _, done = sticky_rollout(env, StickyParams(ProbeEnv().default_params, prob),
                                        actions, jax.random.key(1))
-    previous = np.concatenate([[0], executed[:-1]])  # the first episode starts from action 0 (no-op)
+    # the first episode starts from action 0 (no-op)
+    previous = np.concatenate([[0], executed[:-1]])
     # Each step executes either the chosen action or the previous executed one, nothing else...
     assert np.all((executed == actions) | (executed == previous))
     # ... and repeats where the choice differs with probability prob (binomial: 4 standard errors).
@@ -62,7 +64,9 @@ def test_sticky_actions_repeat_the_executed_action_with_the_given_probability():
     # step repeats it as often as any other step.
     first = np.concatenate([[False], done[:-1]]) & differs
     assert first.sum() > 1000
-    assert abs((executed == previous)[first].mean() - prob) < 4 * np.sqrt(prob * (1 - prob) / first.sum())
+    assert (abs((executed == previous)[first].mean() - prob)
+            < 4 * np.sqrt(prob * (1 - prob) / first.sum()))
+
 
 
 # --------------------------------------------------------------------------------------------------

@@ -22,11 +22,13 @@ def test_evaluate_counts_complete_episodes_with_known_returns():
                       policy_apply=policy, num_episodes=64, max_steps=10)
     assert result.finished.all()
     assert set(np.asarray(result.lengths)) == {2, 3, 4}  # horizon 6 is cut by the 4-step limit
-    np.testing.assert_array_equal(result.returns, result.lengths)  # nothing after the auto-reset counts
+    # nothing after the auto-reset counts
+    np.testing.assert_array_equal(result.returns, result.lengths)
 
     # Uniform sampling (the logits are ignored only when greedy): about half the steps pay 1.
-    sampled = evaluate(jax.random.key(0), greedy_one * 0.0, False, env=env, env_params=env.default_params,
-                       policy_apply=policy, num_episodes=256, max_steps=10)
+    sampled = evaluate(jax.random.key(0), greedy_one * 0.0, False, env=env,
+                       env_params=env.default_params, policy_apply=policy, num_episodes=256,
+                       max_steps=10)
     assert abs(float(sampled.returns.sum() / sampled.lengths.sum()) - 0.5) < 0.1
 
     # Stopped before the longer episodes end: those are reported as unfinished, never as done.
@@ -46,7 +48,8 @@ def test_evaluate_keeps_what_behaviour_diagnostics_need():
         policy_apply=policy, num_episodes=64, max_steps=10, num_recorded=4))
     lengths = result.lengths
     np.testing.assert_array_equal(result.terminated, lengths < 4)  # 4 steps: the time limit
-    np.testing.assert_allclose(result.final_obs[:, 0], lengths / 10)  # the step it ended on, pre-reset
+    # the step it ended on, pre-reset
+    np.testing.assert_allclose(result.final_obs[:, 0], lengths / 10)
     assert len(np.unique(result.fingerprint)) == 3
     for length in (2, 3, 4):  # equal episodes, equal fingerprints
         assert len(np.unique(result.fingerprint[lengths == length])) == 1
@@ -68,7 +71,8 @@ def test_minatar_protocol_is_sticky_with_no_time_limit_but_the_games_own(env_id)
     gymnax_params = evaluation.protocol_params(env_id, env_params, "gymnax")
     minatar_params = evaluation.protocol_params(env_id, env_params, "minatar")
     assert gymnax_params.sticky_action_prob == 0.0
-    assert gymnax_params.env_params == env_params.env_params  # gymnax's own limit: 1000, Freeway 2500
+    # gymnax's own limit: 1000, Freeway 2500
+    assert gymnax_params.env_params == env_params.env_params
     assert minatar_params.sticky_action_prob == 0.1
     expected = 2501 if env_id == "Freeway-MinAtar" else evaluation.SAFETY_BOUND
     assert minatar_params.env_params.max_steps_in_episode == expected
@@ -87,8 +91,12 @@ def test_the_final_evaluation_plays_minatar_protocol_past_gymnax_time_limit(monk
     monkeypatch.setattr(evaluation, "SAFETY_BOUND", 1200)
     env, env_params = make_env("Seaquest-MinAtar", 0.0)
     idle = lambda _, obs: jnp.zeros((obs.shape[0], 6)).at[:, 0].set(50.0)  # noqa: E731
-    evaluate_pair, _ = evaluation.make_evaluate_pair(env, "Seaquest-MinAtar", env_params, idle, 2, 2)
+    evaluate_pair, _ = evaluation.make_evaluate_pair(
+        env, "Seaquest-MinAtar", env_params, idle, 2, 2)
+
     pair = jax.tree.map(np.asarray, evaluate_pair(jax.random.key(0), {}, 0))  # gymnax's, MinAtar's
-    assert [evaluation.EVALUATIONS[i][0] for i in evaluation.EVALUATION_PAIRS["sampled"]] == ["", "sticky_0.1"]
+    sampled_pair = evaluation.EVALUATION_PAIRS["sampled"]
+    assert [evaluation.EVALUATIONS[i][0] for i in sampled_pair] == ["", "sticky_0.1"]
+
     np.testing.assert_array_equal(pair.lengths, [[1000, 1000], [1200, 1200]])
     assert pair.frames.shape[2] == evaluation.RECORD_STEPS + 1  # frames 0..1001, not the bound's

@@ -28,23 +28,28 @@ def test_saved_model_round_trips_with_the_network_arguments_in_its_header(tmp_pa
     for flags, message in [(["--hidden-sizes", "8", "8"], "--hidden-sizes 8 4, not 8 8"),
                            (["--hidden-sizes", "8", "4"], "--activation relu, not crelu"),
                            (["--hidden-sizes", "8", "4", "--activation", "relu",
-                             "--env-id", "Asterix-MinAtar"], "--env-id Breakout-MinAtar, not Asterix-MinAtar")]:
+                             "--env-id", "Asterix-MinAtar"],
+                            "--env-id Breakout-MinAtar, not Asterix-MinAtar")]:
         other = network_args(tyro.cli(ppo.Args, args=[*flags, "--conv-channels", "0"]))
         with pytest.raises(ValueError, match=message):
             model_file.load_model(path, other, params)
     # With a convolution, and without: the header says which.
-    conv = tyro.cli(ppo.Args, args=["--hidden-sizes", "8", "4", "--activation", "relu", "--conv-channels", "2"])
+    conv = tyro.cli(ppo.Args, args=["--hidden-sizes", "8", "4", "--activation", "relu",
+                                    "--conv-channels", "2"])
     conv_path = str(tmp_path / "conv.safetensors")
     model_file.save_model(conv_path, tiny_network_params(conv), network_args(conv), {})
     with pytest.raises(ValueError, match="--conv-channels 2, not 0"):
         model_file.load_model(conv_path, network_args(args), params, ppo.ADDED_ARGS)
     # A file saved before conv_channels existed has no convolution.
     older = str(tmp_path / "older.safetensors")
-    model_file.save_model(older, params, {k: v for k, v in network_args(args).items() if k != "conv_channels"}, {})
-    assert model_file.read_network_args(older, ppo.NETWORK_ARGS, ppo.ADDED_ARGS)["conv_channels"] == 0
+    older_args = {k: v for k, v in network_args(args).items() if k != "conv_channels"}
+    model_file.save_model(older, params, older_args, {})
+    older_header = model_file.read_network_args(older, ppo.NETWORK_ARGS, ppo.ADDED_ARGS)
+    assert older_header["conv_channels"] == 0
     model_file.load_model(older, network_args(args), params, ppo.ADDED_ARGS)
     # A header that lies about the network: the tensors' shapes are checked too.
-    other = ppo.make_network(3, (8, 5), "relu", False).init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
+    other = ppo.make_network(3, (8, 5), "relu", False).init(jax.random.key(0),
+                                                            jnp.zeros((1, 10, 10, 4)))
     with pytest.raises(ValueError, match="does not hold the parameters of this network"):
         model_file.load_model(path, network_args(args), other)
 
@@ -55,6 +60,7 @@ def test_a_failed_save_leaves_neither_a_model_nor_a_temporary_file(tmp_path, mon
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(checkpoint.os, "fsync", full_disk)
     with pytest.raises(OSError, match="No space left"):
-        model_file.save_model(str(tmp_path / "model.safetensors"), tiny_network_params(args), network_args(args),
-                              {})
+        model_file.save_model(str(tmp_path / "model.safetensors"), tiny_network_params(args),
+                              network_args(args), {})
+
     assert os.listdir(tmp_path) == []

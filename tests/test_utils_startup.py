@@ -21,7 +21,9 @@ UNCAPPED = ("import jax; jax.config.update('jax_compilation_cache_dir', {!r}); "
 
 
 def test_the_compilation_cache_is_capped(tiny_run):
-    # A search compiles a program per setting: without a cap the persistent cache grows without bound.
+    # A search compiles a program per setting: without a cap the persistent cache grows without
+    # bound.
+
     assert jax.config.jax_compilation_cache_max_size == startup.CACHE_MAX_BYTES > 0
 
 

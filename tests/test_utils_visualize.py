@@ -22,7 +22,8 @@ def test_gif_legend_names_every_channel_of_each_game(env_id):
 
 
 def test_play_gif_shows_every_step_of_each_episode():
-    # Frames store only what changed (the rest is transparent); decoded, each must show every panel whole.
+    # Frames store only what changed (the rest is transparent); decoded, each must show every panel
+    # whole.
     rng = np.random.default_rng(0)
     episodes = [rng.random((n, 10, 10, 4)) < 0.1 for n in (6, 4)]
     with Image.open(io.BytesIO(visualize.play_gif(episodes, ["a", "b"]))) as image:
@@ -31,8 +32,11 @@ def test_play_gif_shows_every_step_of_each_episode():
     size = 10 * visualize.CELL
     for t, frame in enumerate(frames):
         for i, episode in enumerate(episodes):
-            panel = frame[visualize.LABEL:visualize.LABEL + size, i * (size + 4):i * (size + 4) + size]
-            expected = visualize.PALETTE[visualize.grids_to_pixels(episode[min(t, len(episode) - 1)][None])[0]]
+            left = i * (size + 4)
+            panel = frame[visualize.LABEL:visualize.LABEL + size, left:left + size]
+            grid = episode[min(t, len(episode) - 1)]
+            expected = visualize.PALETTE[visualize.grids_to_pixels(grid[None])[0]]
+
             np.testing.assert_array_equal(panel, expected, err_msg=f"frame {t}, episode {i}")
 
 
