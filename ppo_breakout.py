@@ -558,7 +558,7 @@ ADDED_ARGS = {"conv_channels": 0}
 def check_args(args: Args) -> str | None:
     """What is wrong with `args`, or None; runs before anything is compiled or written."""
     error = cli.check_numbers(
-        args, positive=("update_epochs",), positive_finite=("learning_rate", "max_grad_norm"),
+        args, positive_finite=("learning_rate", "max_grad_norm"),
         non_negative_finite=("ent_coef", "vf_coef"), unit_interval=("gamma", "gae_lambda"))
     if error:
         return error

@@ -76,18 +76,18 @@ class Finished(typing.NamedTuple):
     stderr: str
 
 
-def run_in_process(cwd, *flags) -> Finished:
-    """main() in this process, as `python ppo_breakout.py FLAGS` run in `cwd`: what the script does,
-    where a mutation-testing tool can see which test ran which function (it cannot in a
-    subprocess)."""
+def run_main(script, cwd, *flags) -> Finished:
+    """`script.main()` (an imported script module) in this process, as `python SCRIPT FLAGS` run in
+    `cwd`: what the script does, where a mutation-testing tool can see which test ran which
+    function (it cannot in a subprocess)."""
     out, err = io.StringIO(), io.StringIO()
     old_cwd, old_argv = os.getcwd(), sys.argv
     try:
         os.chdir(cwd)
-        sys.argv = ["ppo_breakout.py", *flags]
+        sys.argv = [os.path.basename(script.__file__), *flags]
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                ppo.main()
+                script.main()
                 code = 0
             except SystemExit as exit_:
                 code = exit_.code or 0
@@ -95,6 +95,11 @@ def run_in_process(cwd, *flags) -> Finished:
         os.chdir(old_cwd)
         sys.argv = old_argv
     return Finished(code, out.getvalue(), err.getvalue())
+
+
+def run_in_process(cwd, *flags) -> Finished:
+    """ppo_breakout.main() in this process (run_main)."""
+    return run_main(ppo, cwd, *flags)
 
 
 TINY = ["--total-timesteps", "4096", "--num-envs", "16", "--num-steps", "128",

@@ -2,15 +2,11 @@
 a plain-Python loop (and against each known bug of public PQN targets), the loss, the data-parallel
 step, learning known Q-values on a probe, then the script run the way a user runs it."""
 
-import contextlib
 import functools
 import glob
-import io
 import json
 import os
 import signal
-import sys
-import typing
 
 import haiku as hk
 import jax
@@ -23,6 +19,7 @@ from jax.sharding import PartitionSpec as P
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import pqn_minatar as pqn
+from helpers import run_main
 from probe_envs import ProbeEnv
 from utils import checkpoint, parallel, training
 
@@ -289,29 +286,9 @@ TAGS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "chart
         "eval/greedy_return", "eval/sticky_0.1/sampled_return", "eval/sticky_0.1/greedy_return"]
 
 
-class Finished(typing.NamedTuple):
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def run_in_process(cwd, *flags) -> Finished:
-    """main() in this process, as `python pqn_minatar.py FLAGS` run in `cwd`."""
-    out, err = io.StringIO(), io.StringIO()
-    old_cwd, old_argv = os.getcwd(), sys.argv
-    try:
-        os.chdir(cwd)
-        sys.argv = ["pqn_minatar.py", *flags]
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                pqn.main()
-                code = 0
-            except SystemExit as exit_:
-                code = exit_.code or 0
-    finally:
-        os.chdir(old_cwd)
-        sys.argv = old_argv
-    return Finished(code, out.getvalue(), err.getvalue())
+def run_in_process(cwd, *flags):
+    """pqn_minatar.main() in this process, as `python pqn_minatar.py FLAGS` run in `cwd`."""
+    return run_main(pqn, cwd, *flags)
 
 
 def only_run_dir(path) -> str:

@@ -166,9 +166,9 @@ def protocol_params(env_id: str, env_params: Any, protocol: str) -> Any:
 
 
 # The final evaluations: gymnax's protocol (key "") and MinAtar's ("sticky_0.1"), each with sampled
-# actions (the policy PPO trained) and greedy ones, whatever the training used. They are played in
-# pairs of indices into EVALUATIONS, one pair per policy, the sampled pair first: play.gif needs
-# only that one.
+# actions (drawn from the policy's logits: PPO's policy, PQN's epsilon-greedy) and greedy ones,
+# whatever the training used. They are played in pairs of indices into EVALUATIONS, one pair per
+# policy, the sampled pair first: play.gif needs only that one.
 EVALUATIONS = [("", "sampled"), ("", "greedy"), ("sticky_0.1", "sampled"), ("sticky_0.1", "greedy")]
 EVALUATION_PAIRS = {"sampled": (0, 2), "greedy": (1, 3)}
 PROTOCOL_OF = {"": "gymnax", "sticky_0.1": "minatar"}
