@@ -332,6 +332,19 @@ def make_pqn_iteration(args: Args, env, env_params, network: hk.Transformed,
     return pqn_iteration
 
 
+def make_update_step(args: Args, env, env_params, network: hk.Transformed,
+                     optimizer: optax.GradientTransformation):
+    """One PQN iteration and its metrics, on one device (the tuning harness runs it per seed); the
+    caller jits it."""
+    pqn_iteration = make_pqn_iteration(args, env, env_params, network, optimizer)
+
+    def update_step(runner: RunnerState) -> tuple[RunnerState, dict[str, jax.Array]]:
+        runner, iteration = pqn_iteration(runner)
+        return runner, iteration_metrics(iteration, runner.train_state)
+
+    return update_step
+
+
 # --------------------------------------------------------------------------------------------------
 # Metrics: what an iteration logs, from its rollout and the update's per-minibatch terms
 # --------------------------------------------------------------------------------------------------

@@ -1,12 +1,13 @@
-"""Tuning harness: ppo_breakout.py's training for many seeds at once, with the statistics to compare
-settings.
+"""Tuning harness: an algorithm script's training for many seeds at once, with the statistics to
+compare settings. --script names the script: ppo_breakout (settings as --ppo.* flags, the default)
+or pqn_minatar (--pqn.* flags).
 
 The seeds are split across the devices (on a CPU, one per core); each device trains its seeds one
 after another with `lax.map`, so a seed's result does not depend on which other seeds run, on how
 many, or on the number of devices. Training runs in --num-chunks jitted chunks of iterations, the
 runner state donated from one to the next; after each chunk the progress is printed (stderr) and a
-curve point recorded. Each seed's final policy is then evaluated on complete episodes with sampled
-actions.
+curve point recorded. Each seed's final policy is then evaluated on complete episodes under both
+protocols, with the policy the script reports first: PPO's sampled actions, PQN's greedy ones.
 
 Output (stdout, and --out): JSON with the per-seed returns, their mean and interquartile mean (IQM)
 with 95% bootstrap intervals, the share of seeds past the first wall (return >= 30), the pooled
@@ -17,10 +18,11 @@ With --checkpoint-dir, the training state is written there after every chunk; a 
 resumes from its last chunk when the same command runs again, and ends with the same result, bit for
 bit, as a run never interrupted.
 
-Seed k here is not `ppo_breakout.py --seed k`: the script splits one seed's environments over the
-devices and folds the device index into its keys. Docs: docs/tuning.md.
+Seed k here is not `ppo_breakout.py --seed k` (nor pqn_minatar's): a script splits one seed's
+environments over the devices and folds the device index into its keys. Docs: docs/tuning.md.
 
 Run:  python benchmarks/tune.py --num-seeds 8 --ppo.gae-lambda 0.95 --out lambda95.json
+      python benchmarks/tune.py --script pqn_minatar --num-seeds 8 --pqn.q-lambda 0.8
 """
 
 import copy
@@ -33,7 +35,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(num_cores or 1))  # before JAX starts
@@ -48,17 +50,33 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import ppo_breakout  # noqa: E402
+import pqn_minatar  # noqa: E402
 from benchmarks import common, stats  # noqa: E402
 from utils import checkpoint, files, startup  # noqa: E402
 from utils.evaluation import PROTOCOLS, SAFETY_BOUND, evaluate, protocol_params  # noqa: E402
 
+# The algorithm scripts the harness trains, by name, and the flag group of each one's settings.
+SCRIPTS = {"ppo_breakout": ppo_breakout, "pqn_minatar": pqn_minatar}
+GROUPS = {"ppo_breakout": "ppo", "pqn_minatar": "pqn"}
+
+
+def script_of(cfg) -> str:
+    """The name of the script whose Args `cfg` is."""
+    return next(name for name, module in SCRIPTS.items() if isinstance(cfg, module.Args))
+
 
 @dataclasses.dataclass
 class Args:
+    script: Literal["ppo_breakout", "pqn_minatar"] = "ppo_breakout"
+    """the algorithm trained: ppo_breakout.py with the --ppo.* settings, or pqn_minatar.py with the
+    --pqn.* ones"""
     ppo: ppo_breakout.Args = dataclasses.field(default_factory=ppo_breakout.Args)
-    """the settings under test (--ppo.seed and --ppo.num-devices are not used: see --first-seed,
-    --num-devices; the script's per-game rows, ppo_breakout.GAME_DEFAULTS, are not applied: give
-    them as --ppo flags)"""
+    """the settings under test with --script ppo_breakout (--ppo.seed and --ppo.num-devices are not
+    used: see --first-seed, --num-devices; the script's per-game rows, ppo_breakout.GAME_DEFAULTS,
+    are not applied: give them as --ppo flags)"""
+    pqn: pqn_minatar.Args = dataclasses.field(default_factory=pqn_minatar.Args)
+    """the settings under test with --script pqn_minatar (--pqn.seed and --pqn.num-devices are not
+    used, as for --ppo)"""
     num_seeds: int = 8
     """the number of seeds trained"""
     first_seed: int = 1
@@ -80,7 +98,7 @@ class Args:
     stability: bool = False
     """also record, per seed over all of training, what loss_stability.py is about: the largest
     logit gap, the log-ratio's range, and whether any loss, gradient norm or parameter went
-    non-finite"""
+    non-finite (ppo_breakout only)"""
     checkpoint_dir: str = ""
     """write the training state to this directory after every chunk; the same command run again
     continues from it (--out, --baseline, --quiet and --num-devices may change; another device count
@@ -103,8 +121,20 @@ class SeedsResult(NamedTuple):
     stability: dict | None = None
 
 
+def settings(args: Args):
+    """The Args of the script under test."""
+    return getattr(args, GROUPS[args.script])
+
+
 def find_harness_error(args: Args) -> str | None:
-    """What is wrong with the harness's own arguments (the PPO ones are ppo_breakout's to check)."""
+    """What is wrong with the harness's own arguments (the script's are the script's to check)."""
+    for script, group in GROUPS.items():  # a flag of the other script would silently do nothing
+        changed = changed_args(getattr(args, group))
+        if script != args.script and changed:
+            flag = next(iter(changed)).replace("_", "-")
+            return f"--{group}.{flag} is a setting of {script}; give --script {script}"
+    if args.stability and args.script != "ppo_breakout":
+        return "--stability records PPO's log-ratios: it needs --script ppo_breakout"
     for name in ("num_seeds", "eval_episodes", "num_chunks"):
         if getattr(args, name) <= 0:
             return f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}"
@@ -123,6 +153,8 @@ def find_harness_error(args: Args) -> str | None:
             baseline["eval_returns"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             return f"--baseline {args.baseline} is not a result of this harness: {e!r}"
+        if baseline.get("script", "ppo_breakout") != args.script:
+            return f"--baseline {args.baseline} is a result of another script, not {args.script}"
         wanted = range(args.first_seed, args.first_seed + args.num_seeds)
         missing = [s for s in wanted if s not in seeds]
         if missing:
@@ -134,7 +166,7 @@ def find_harness_error(args: Args) -> str | None:
 # Checkpoints: a killed many-seed run resumes from its last chunk
 # --------------------------------------------------------------------------------------------------
 CHECKPOINT = "tune_checkpoint.safetensors"
-# The PPO arguments the harness does not use (--stability sets the diagnostics).
+# The script arguments the harness does not use (--stability sets the diagnostics).
 NOT_USED = ("seed", "num_devices", "jax_cache_dir", "diagnostics", "eval_episodes", "exp_name",
             "save_model", "load_model", "checkpoint_every", "resume")
 
@@ -143,10 +175,12 @@ def checkpoint_identity(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes:
                         num_chunks: int, stability: bool) -> dict:
     """What a checkpoint must match to be resumed: the code and every argument that changes a result
     (not the device count: a seed's result does not depend on it)."""
-    code = checkpoint.code_version(__file__, ppo_breakout.__file__)
-    ppo = {k: v for k, v in vars(cfg).items() if k not in NOT_USED}
-    return {"format": "tune checkpoint 1", "code": code, "ppo": ppo, "seeds": seeds,
-            "eval_episodes": eval_episodes, "num_chunks": num_chunks, "stability": stability}
+    script = script_of(cfg)
+    code = checkpoint.code_version(__file__, SCRIPTS[script].__file__)
+    group = {k: v for k, v in vars(cfg).items() if k not in NOT_USED}
+    return {"format": "tune checkpoint 1", "code": code, "script": script, GROUPS[script]: group,
+            "seeds": seeds, "eval_episodes": eval_episodes, "num_chunks": num_chunks,
+            "stability": stability}
 
 
 def read_checkpoint(path: str, identity: dict) -> tuple[dict, dict] | None:
@@ -159,9 +193,10 @@ def read_checkpoint(path: str, identity: dict) -> tuple[dict, dict] | None:
         raise ValueError(f"{path} is not a checkpoint of this harness")
     for name, value in identity.items():
         saved, value = files.header_value(path, header, name), json.loads(json.dumps(value))
-        if name == "ppo" and saved != value:  # name the first PPO argument that differs
-            name = next(k for k in sorted(saved | value) if saved.get(k) != value.get(k))
-            saved, value, name = saved.get(name), value.get(name), f"ppo.{name}"
+        if name in GROUPS.values() and saved != value:  # name the first argument that differs
+            group, name = name, next(k for k in sorted(saved | value)
+                                     if saved.get(k) != value.get(k))
+            saved, value, name = saved.get(name), value.get(name), f"{group}.{name}"
         if saved != value:
             reason = ("was written by another version of the code" if name == "code" else
                       f"is of a run with --{name.replace('_', '-')} {saved}, not {value}")
@@ -169,7 +204,7 @@ def read_checkpoint(path: str, identity: dict) -> tuple[dict, dict] | None:
     return tensors, header
 
 
-def save_chunks(path: str, identity: dict, runners: ppo_breakout.RunnerState, num_seeds: int,
+def save_chunks(path: str, identity: dict, runners, num_seeds: int,
                 return_sums: list, episodes: list, extremes: list, train_seconds: float) -> None:
     """Writes the seeds' runners (the padding left out) and the chunks' results so far to `path`."""
     results = {"return_sums": np.stack(return_sums), "episodes": np.stack(episodes),
@@ -181,8 +216,8 @@ def save_chunks(path: str, identity: dict, runners: ppo_breakout.RunnerState, nu
         {"runners": jax.tree.map(lambda x: x[:num_seeds], runners), "results": results}, header))
 
 
-def restore_chunks(path: str, tensors: dict, header: dict, runners: ppo_breakout.RunnerState,
-                   num_seeds: int, stability: bool) -> tuple:
+def restore_chunks(path: str, tensors: dict, header: dict, runners, num_seeds: int,
+                   stability: bool) -> tuple:
     """What save_chunks wrote: the seeds' runners, the per-chunk return_sums, episodes and
     extremes, and the training seconds. `runners` gives the runners' structure."""
     done = files.header_value(path, header, "chunks_done")
@@ -198,11 +233,30 @@ def restore_chunks(path: str, tensors: dict, header: dict, runners: ppo_breakout
             files.header_value(path, header, "train_seconds"))
 
 
-def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, num_chunks: int,
+def build(cfg, env, env_params):
+    """The script's network, optimizer, one-device update step, and the evaluation's policy: the
+    logits it plays and whether it plays their argmax (greedy) or samples them."""
+    num_actions = env.action_space(env_params).n
+    if isinstance(cfg, ppo_breakout.Args):
+        network = ppo_breakout.make_network(num_actions, cfg.hidden_sizes, cfg.activation,
+                                            cfg.layer_norm, cfg.conv_channels)
+        policy, greedy = (lambda p, o: network.apply(p, o)[0]), False  # PPO's sampled actions
+    else:
+        network = pqn_minatar.make_network(num_actions, cfg.hidden_sizes, cfg.layer_norm,
+                                           cfg.conv_channels)
+        policy, greedy = network.apply, True  # argmax Q: PQN's own test protocol
+    script = SCRIPTS[script_of(cfg)]
+    optimizer = script.make_optimizer(cfg)
+    update_step = script.make_update_step(cfg, env, env_params, network, optimizer)
+    return network, optimizer, update_step, policy, greedy
+
+
+def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
                 num_devices: int = 0,
                 on_chunk: Callable[[int, int, int, np.ndarray, np.ndarray], None] | None = None,
                 stability: bool = False, checkpoint_path: str = "") -> SeedsResult:
-    """Trains and evaluates `cfg` for each seed. `cfg` must have its runtime fields filled.
+    """Trains and evaluates `cfg` (a script's Args, which names the script) for each seed. `cfg`
+    must have its runtime fields filled.
 
     After each chunk, on_chunk(chunk, num_chunks, steps_per_seed, return_sums, episodes) gets that
     chunk's per-seed sums; an exception it raises (a pruned trial) stops training there. With a
@@ -210,22 +264,20 @@ def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, nu
     what is there (see read_checkpoint).
     """
     cfg = copy.copy(cfg)
-    cfg.diagnostics = stability  # the logit gap and the log-ratio's range come with the diagnostics
+    if isinstance(cfg, ppo_breakout.Args):  # the logit gap, log-ratio range: PPO's diagnostics
+        cfg.diagnostics = stability
+    script = SCRIPTS[script_of(cfg)]
     # The training protocol (--ppo.sticky-action-prob) holds for the evaluation too.
-    env, env_params = ppo_breakout.make_env(cfg.env_id, cfg.sticky_action_prob)
-    network = ppo_breakout.make_network(env.action_space(env_params).n, cfg.hidden_sizes,
-                                        cfg.activation, cfg.layer_norm, cfg.conv_channels)
-    optimizer = ppo_breakout.make_optimizer(cfg)
-    update_step = ppo_breakout.make_update_step(cfg, env, env_params, network, optimizer)
+    env, env_params = script.make_env(cfg.env_id, cfg.sticky_action_prob)
+    network, optimizer, update_step, policy, greedy = build(cfg, env, env_params)
 
     def init(seed: jax.Array):
-        # The same keys and initialisation as ppo_breakout.main, for one seed.
+        # The same keys and initialisation as the script's main, for one seed.
         runner_key, eval_key = jax.random.split(jax.random.key(seed))
-        runner = ppo_breakout.init_runner(runner_key, env, env_params, network, optimizer,
-                                          cfg.num_envs)
+        runner = script.init_runner(runner_key, env, env_params, network, optimizer, cfg.num_envs)
         return runner, eval_key
 
-    def train_chunk(runner: ppo_breakout.RunnerState, num_iterations: jax.Array):
+    def train_chunk(runner, num_iterations: jax.Array):
         # The iteration count is an input, so chunks of unequal length share one compiled program.
         def iteration(_, carry):
             runner, return_sum, episodes, extremes = carry
@@ -244,13 +296,13 @@ def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, nu
                                  (runner, jnp.zeros(()), jnp.zeros((), jnp.int32), extremes))
 
     def evaluate_seed(params, eval_key: jax.Array):
-        # Under both protocols, sampled actions; an episode that reaches MinAtar's safety bound
-        # is counted.
+        # Under both protocols, the script's policy; an episode that reaches MinAtar's safety
+        # bound is counted.
         returns, bound_hits = [], []
         for protocol in PROTOCOLS:
             params_p = protocol_params(cfg.env_id, env_params, protocol)
-            result = evaluate(eval_key, params, False, env=env, env_params=params_p,
-                              policy_apply=lambda p, o: network.apply(p, o)[0],
+            result = evaluate(eval_key, params, greedy, env=env, env_params=params_p,
+                              policy_apply=policy,
                               num_episodes=eval_episodes,
                               max_steps=params_p.env_params.max_steps_in_episode + 1)
             returns.append(result.returns.mean())
@@ -334,8 +386,8 @@ def train_seeds(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int, nu
                        eval_seconds=time.time() - eval_start, stability=stability or None)
 
 
-def changed_args(cfg: ppo_breakout.Args) -> dict:
-    """The PPO arguments that differ from the script's defaults
+def changed_args(cfg) -> dict:
+    """The script arguments that differ from the script's defaults
     (the harness picks seeds and devices)."""
 
     def default(f: dataclasses.Field):
@@ -351,14 +403,17 @@ def machine() -> str:
     return common.machine(jax.devices())
 
 
-def result_json(cfg: ppo_breakout.Args, seeds: list[int], result: SeedsResult, eval_episodes: int,
+def result_json(cfg, seeds: list[int], result: SeedsResult, eval_episodes: int,
                 command: str, wall_seconds: float, baseline: dict | None = None) -> dict:
     """The harness's output: the raw per-seed numbers, then what benchmarks/stats.py
     makes of them."""
+    script = script_of(cfg)
     out = {
         "command": command,
+        "script": script,
+        "policy": "greedy" if script == "pqn_minatar" else "sampled",
         "changed_args": changed_args(cfg),
-        "ppo_args": {k: v for k, v in vars(cfg).items()
+        f"{GROUPS[script]}_args": {k: v for k, v in vars(cfg).items()
                      if k not in ("seed", "num_devices", "jax_cache_dir")},
         "seeds": seeds,
         "eval_episodes": eval_episodes,
@@ -400,11 +455,12 @@ def print_progress(chunk: int, num_chunks: int, steps: int, return_sums: np.ndar
 def main() -> None:
     wall_start = time.time()
     args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
-    error = ppo_breakout.check_args(args.ppo) or find_harness_error(args)
+    script = SCRIPTS[args.script]
+    error = script.check_args(settings(args)) or find_harness_error(args)
     if error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    cfg = ppo_breakout.fill_runtime_fields(args.ppo)
+    cfg = script.fill_runtime_fields(settings(args))
     startup.configure_compilation_cache(cfg.jax_cache_dir)
     baseline = None
     if args.baseline:
