@@ -1,5 +1,5 @@
-"""Reproduces the README's results table: ppo_breakout.py run once per seed, each as its own
-process.
+"""Reproduces the README's results tables: an algorithm script (ppo_breakout.py, or pqn_minatar.py
+with --script pqn_minatar) run once per seed, each as its own process.
 
 Each run is timed from outside (process start to exit, so imports, compilation, training, evaluation
 and the pictures all count), its peak memory read from the OS, and its summary.json read back. The
@@ -9,6 +9,7 @@ table again from such a file without running anything.
 
 Run:  python benchmarks/results_table.py --seeds 1 2 3 4 5 --num-devices 2 --out results.json
       python benchmarks/results_table.py --script-args="--update-epochs 3"   # other settings
+      python benchmarks/results_table.py --script pqn_minatar --total-timesteps 10000000
       python benchmarks/results_table.py --from-json benchmarks/results/readme_table.json
 """
 
@@ -17,6 +18,8 @@ import json
 import os
 import shlex
 import sys
+import time
+from typing import Literal
 
 import numpy as np
 import tyro
@@ -25,35 +28,42 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common  # noqa: E402
 
+# The policy each script reports first: PPO samples its actions, PQN's own test is greedy.
+POLICY = {"ppo_breakout": "sampled", "pqn_minatar": "greedy"}
+
 
 @dataclasses.dataclass
 class Args:
+    script: Literal["ppo_breakout", "pqn_minatar"] = "ppo_breakout"
+    """the algorithm script run"""
     seeds: tuple[int, ...] = (1, 2, 3, 4, 5)
     """the seeds to run, one process each, one after another"""
     total_timesteps: int = 1_000_000
-    """passed to ppo_breakout.py"""
+    """passed to the script"""
     num_devices: int = 2
-    """passed to ppo_breakout.py: a seed replays the same run only with the same device count"""
+    """passed to the script: a seed replays the same run only with the same device count"""
     exp_name: str = "results_table"
-    """passed to ppo_breakout.py; the run directories are
+    """passed to the script; the run directories are
     runs/{env_id}__{exp_name}__{seed}__{time}"""
     script_args: str = ""
-    """more arguments for ppo_breakout.py, as one string, e.g. --script-args='--update-epochs 3'"""
+    """more arguments for the script, as one string, e.g. --script-args='--update-epochs 3'"""
     out: str = ""
     """write the rows and the command as JSON to this new file ("" writes none)"""
     from_json: str = ""
     """print the table of a JSON file written by --out, and run nothing"""
 
 
-def learning_curve(run_dir: str, max_points: int = 250) -> dict:
+def learning_curve(run_dir: str, started: float, max_points: int = 250) -> dict:
     """The run's training return (charts/episodic_return) from its TensorBoard log, at most
-    `max_points` evenly spaced points of it, so the JSON can draw the curve later."""
+    `max_points` evenly spaced points of it, so the JSON can draw the curve later, with each
+    point's wall seconds since the process was started (at unix time `started`)."""
     events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
     events.Reload()
     points = events.Scalars("charts/episodic_return")
     spaced = np.linspace(0, len(points) - 1, min(max_points, len(points)))
     keep = np.unique(spaced.round().astype(int))
-    return {"steps": [points[i].step for i in keep], "returns": [points[i].value for i in keep]}
+    return {"steps": [points[i].step for i in keep], "returns": [points[i].value for i in keep],
+            "seconds": [round(points[i].wall_time - started, 2) for i in keep]}
 
 
 def print_table(table: dict) -> None:
@@ -110,7 +120,8 @@ def main() -> None:
     for seed in args.seeds:
         flags = ["--seed", str(seed), "--total-timesteps", str(args.total_timesteps),
                  "--num-devices", str(args.num_devices), "--exp-name", args.exp_name, *script_args]
-        run = common.run_timed(common.script_command("ppo_breakout.py", flags))
+        started = time.time()
+        run = common.run_timed(common.script_command(f"{args.script}.py", flags))
         if run.returncode != 0:  # the script's own error line, and its exit status (2: bad args)
             print(f"error: seed {seed} failed: {run.stderr.strip()}", file=sys.stderr)
             sys.exit(run.returncode)
@@ -119,11 +130,13 @@ def main() -> None:
         rows.append({"seed": seed, "eval": summary["eval"], "wall_seconds": run.wall_seconds,
                      "compile_seconds": summary["compile_seconds"], "sps": summary["sps"],
                      "peak_gb": run.peak_rss_mb / 2**10, "run_dir": run_dir,
-                     "curve": learning_curve(run_dir), "args": summary["args"]})
-        print(f"seed {seed}: sampled {summary['eval']['sampled']['mean']:.2f}, "
+                     "curve": learning_curve(run_dir, started), "args": summary["args"]})
+        policy = POLICY[args.script]
+        print(f"seed {seed}: {policy} {summary['eval'][policy]['mean']:.2f}, "
               f"wall {run.wall_seconds:.1f}s", file=sys.stderr)
     table = {"command": "python benchmarks/results_table.py " + shlex.join(sys.argv[1:]),
-             "cpu": common.machine(), "rows": rows, "date": common.utc_date()}
+             "script": args.script, "policy": POLICY[args.script], "cpu": common.machine(),
+             "rows": rows, "date": common.utc_date()}
     print_table(table)
     if args.out:
         with open(args.out, "w") as f:
