@@ -63,21 +63,24 @@ def load(path: str) -> dict:
 def recorded_args(result: dict) -> dict | None:
     """The script arguments a result recorded, or None where it recorded none."""
     rows = result.get("rows") or [{}]
-    return result.get("args") or result.get("ppo_args") or rows[0].get("args")
+    return (result.get("args") or result.get("ppo_args") or result.get("pqn_args")
+            or rows[0].get("args"))
 
 
 def per_seed(result: dict) -> dict:
-    """A result file as per-seed lists: seeds, both protocols' returns, the logit gaps."""
+    """A result file as per-seed lists: seeds, both protocols' returns (of the policy the script
+    reports first: PPO's sampled, PQN's greedy), the logit gaps."""
     if "rows" in result:
-        rows = result["rows"]
+        rows, policy = result["rows"], result.get("policy", "sampled")
         return {"seeds": [r["seed"] for r in rows], "args": recorded_args(result),
-                "eval_returns": [r["eval"]["sampled"]["mean"] for r in rows],
-                "eval_returns_minatar": [r["eval"]["sticky_0.1"]["sampled"]["mean"] for r in rows]}
+                "eval_returns": [r["eval"][policy]["mean"] for r in rows],
+                "eval_returns_minatar": [r["eval"]["sticky_0.1"][policy]["mean"] for r in rows],
+                "curves": [r["curve"] for r in rows]}
     return {**result, "args": recorded_args(result), **(result.get("stability") or {})}
 
 
-PER_SEED = ("seeds", "eval_returns", "eval_returns_minatar", "logit_gap_max", "log_ratio_min",
-            "log_ratio_max", "non_finite")
+PER_SEED = ("seeds", "eval_returns", "eval_returns_minatar", "curves", "logit_gap_max",
+            "log_ratio_min", "log_ratio_max", "non_finite")
 
 
 def result_of(files: str | list[str], seeds: list[int] | None = None) -> dict:
@@ -114,13 +117,16 @@ def command(result: dict) -> str:
     words = shlex.split(cmd)
     if len(words) < 2 or words[0] != "python" or recorded_args(result) is None:
         return cmd  # no script arguments recorded: shown as run
-    spec = manifest()["harness"].get(words[1], {"script": words[1], "prefix": "--"})
+    spec = dict(manifest()["harness"].get(words[1], {"script": words[1], "prefix": "--"}))
+    if result.get("script"):  # a harness that runs more than one script names the one it ran
+        spec["script"] = f"{result['script']}.py"
+        spec["prefix"] = spec.get("prefixes", {}).get(spec["script"], spec["prefix"])
     script = manifest()["script"][spec["script"]]
     args = {**script["before"], **recorded_args(result)}  # a field younger than the run: "before"
     module = importlib.import_module(os.path.splitext(os.path.basename(spec["script"]))[0])
     defaults = {f.name: getattr(module.Args, f.name) for f in dataclasses.fields(module.Args)
                 if f.init and f.name not in script["ignore"]}
-    if spec.get("game_rows"):  # the harness runs the script, which applies its per-game rows
+    if spec.get("game_rows") and "game_rows" in script:  # the script applies its per-game rows
         defaults.update(getattr(module, script["game_rows"]).get(args.get("env_id"), {}))
     given = " ".join(words[2:])
     pins = []
@@ -160,6 +166,8 @@ def commands_block(table: dict) -> str:
 # reads the row's baseline; a row's own keys are cells too
 # --------------------------------------------------------------------------------------------------
 def ci(x: dict, fmt: str = "{:.1f}") -> str:
+    if x["ci"] is None:  # one seed
+        return fmt.format(x["value"])
     return f"{fmt.format(x['value'])} [{fmt.format(x['ci'][0])}, {fmt.format(x['ci'][1])}]"
 
 

@@ -31,7 +31,9 @@ def _interval(result) -> list[float]:
 def bootstrap_ci(x, statistic, n_resamples: int = N_RESAMPLES, seed: int = 0) -> np.ndarray:
     """95% percentile-bootstrap interval of `statistic` over the last axis of `x` (seeds), as
     [low, high] along a new last axis. Percentile, as Agarwal et al. use; it stays defined when
-    every value is equal, where BCa is not."""
+    every value is equal, where BCa is not. One seed has no interval: [nan, nan]."""
+    if np.shape(x)[-1] < 2:  # scipy refuses to resample a single value
+        return np.full((*np.shape(x)[:-1], 2), np.nan)
     result = scipy.stats.bootstrap((np.asarray(x, float),), statistic, axis=-1, method="percentile",
                                    confidence_level=CONFIDENCE, n_resamples=n_resamples,
                                    rng=np.random.default_rng(seed))
@@ -52,6 +54,8 @@ def pooled_curve(return_sums, episodes, n_resamples: int = N_RESAMPLES, seed: in
         total = e.sum(axis=axis)
         return np.where(total > 0, r.sum(axis=axis) / np.maximum(total, 1), np.nan)
 
+    if return_sums.shape[-1] < 2:  # one seed: no band
+        return {"return": ratio(return_sums, episodes).tolist(), "low": None, "high": None}
     result = scipy.stats.bootstrap((return_sums, episodes), ratio, paired=True, axis=-1,
                                    method="percentile", confidence_level=CONFIDENCE,
                                    n_resamples=n_resamples, rng=np.random.default_rng(seed))
@@ -73,12 +77,13 @@ def summarize(returns, n_resamples: int = N_RESAMPLES, seed: int = 0) -> dict:
     """Mean and IQM of per-seed returns, each with its 95% bootstrap interval, and the share of
     seeds past the first wall."""
     returns = np.asarray(returns, float)
+    one = returns.size < 2  # one seed: no interval (None)
     return {
         "seeds": int(returns.size),
         "mean": {"value": float(mean(returns)),
-                 "ci": bootstrap_ci(returns, mean, n_resamples, seed).tolist()},
+                 "ci": None if one else bootstrap_ci(returns, mean, n_resamples, seed).tolist()},
         "iqm": {"value": float(iqm(returns)),
-                "ci": bootstrap_ci(returns, iqm, n_resamples, seed).tolist()},
+                "ci": None if one else bootstrap_ci(returns, iqm, n_resamples, seed).tolist()},
         "share_past_wall": share_past_wall(returns),
         "min": float(returns.min()), "max": float(returns.max()),
     }

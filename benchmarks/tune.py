@@ -497,8 +497,9 @@ def main() -> None:
     print(text)
     s = out["summary"]
     if not args.quiet:
-        print(f"eval return over {len(seeds)} seeds: IQM {s['iqm']['value']:.2f} "
-              f"[{s['iqm']['ci'][0]:.2f}, {s['iqm']['ci'][1]:.2f}], mean {s['mean']['value']:.2f}, "
+        interval = "[{:.2f}, {:.2f}]".format(*s["iqm"]["ci"]) if s["iqm"]["ci"] else "(one seed)"
+        print(f"eval return over {len(seeds)} seeds: IQM {s['iqm']['value']:.2f} {interval}, "
+              f"mean {s['mean']['value']:.2f}, "
               f"{s['share_past_wall']['count']}/{len(seeds)} seeds >= 30; "
               f"compile {result.compile_seconds:.1f} s, train {result.train_seconds:.1f} s",
               file=sys.stderr, flush=True)

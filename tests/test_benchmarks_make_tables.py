@@ -138,3 +138,23 @@ def test_the_readmes_results_ran_with_todays_defaults():
                 today = getattr(args, f.name)
                 today = list(today) if isinstance(today, tuple) else today
                 assert row["args"].get(f.name, "absent") == today, (game, row["seed"], f.name)
+
+
+def test_a_pqn_result_renders_pqn_flags_and_its_greedy_returns():
+    import pqn_minatar
+    today = {f.name: getattr(pqn_minatar.Args, f.name)
+             for f in make_tables.dataclasses.fields(pqn_minatar.Args) if f.init}
+    today = {k: list(v) if isinstance(v, tuple) else v for k, v in today.items()}
+    # The harness names the script it ran: its flags take that script's group and defaults.
+    run = "python benchmarks/tune.py --script pqn_minatar --out a.json"
+    result = {"command": run, "script": "pqn_minatar", "pqn_args": {**today, "q_lambda": 0.8}}
+    assert make_tables.command(result) == run + " --pqn.q-lambda 0.8"
+    # A script run's table reports the policy it names (PQN: greedy), under both protocols.
+    table = "python benchmarks/results_table.py --script pqn_minatar"
+    evaluation = {"sampled": {"mean": 1.0}, "greedy": {"mean": 2.0},
+                  "sticky_0.1": {"sampled": {"mean": 3.0}, "greedy": {"mean": 4.0}}}
+    rows = [{"seed": 1, "args": today, "eval": evaluation, "curve": {}}]
+    result = {"command": table, "script": "pqn_minatar", "policy": "greedy", "rows": rows}
+    assert make_tables.command(result) == table
+    returns = make_tables.per_seed(result)
+    assert (returns["eval_returns"], returns["eval_returns_minatar"]) == ([2.0], [4.0])

@@ -61,3 +61,12 @@ def test_share_past_the_wall_and_the_pooled_curve():
     np.testing.assert_allclose(curve["return"], [70 / 4, 120 / 8])
 
     assert all(lo <= r <= hi for lo, r, hi in zip(curve["low"], curve["return"], curve["high"]))
+
+
+def test_one_seed_has_no_interval_but_its_values():
+    # scipy's bootstrap refuses one value; a one-seed result (the harness's --num-seeds 1, a first
+    # 10M run) keeps its mean and IQM and has no interval.
+    summary = stats.summarize([42.0])
+    assert summary["mean"] == summary["iqm"] == {"value": 42.0, "ci": None}
+    curve = stats.pooled_curve(np.array([[10.0, 40.0]]), np.array([[1, 2]]))
+    assert curve == {"return": [10.0, 20.0], "low": None, "high": None}
