@@ -27,6 +27,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common  # noqa: E402
+from utils import files  # noqa: E402
 
 # The policy each script reports first: PPO samples its actions, PQN's own test is greedy.
 POLICY = {"ppo_breakout": "sampled", "pqn_minatar": "greedy"}
@@ -64,6 +65,15 @@ def learning_curve(run_dir: str, started: float, max_points: int = 250) -> dict:
     keep = np.unique(spaced.round().astype(int))
     return {"steps": [points[i].step for i in keep], "returns": [points[i].value for i in keep],
             "seconds": [round(points[i].wall_time - started, 2) for i in keep]}
+
+
+def model_digest(run_dir: str) -> str | None:
+    """The SHA-256 of the run's model.safetensors (a file in models/ names the run it came from by
+    it), or None where the run saved none."""
+    path = os.path.join(run_dir, "model.safetensors")
+    if not os.path.exists(path):
+        return None
+    return files.source_digest(path)
 
 
 def print_table(table: dict) -> None:
@@ -130,7 +140,8 @@ def main() -> None:
         rows.append({"seed": seed, "eval": summary["eval"], "wall_seconds": run.wall_seconds,
                      "compile_seconds": summary["compile_seconds"], "sps": summary["sps"],
                      "peak_gb": run.peak_rss_mb / 2**10, "run_dir": run_dir,
-                     "curve": learning_curve(run_dir, started), "args": summary["args"]})
+                     "curve": learning_curve(run_dir, started), "args": summary["args"],
+                     "model_sha256": model_digest(run_dir)})
         policy = POLICY[args.script]
         print(f"seed {seed}: {policy} {summary['eval'][policy]['mean']:.2f}, "
               f"wall {run.wall_seconds:.1f}s", file=sys.stderr)
