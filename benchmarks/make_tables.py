@@ -115,6 +115,10 @@ def command(result: dict) -> str:
     if result.get("environment"):  # a prototype: a patched script that today's arguments miss
         return f"{result['environment']} {cmd}"
     words = shlex.split(cmd)
+    if "--collect" in words:  # rows of runs started by hand: each seed's own command
+        return "\n".join(command({"command": f"python {result['script']}.py --seed {row['seed']} "
+                                              f"--num-devices {row['args']['num_devices']}",
+                                   "args": row["args"]}) for row in result["rows"])
     if len(words) < 2 or words[0] != "python" or recorded_args(result) is None:
         return cmd  # no script arguments recorded: shown as run
     spec = dict(manifest()["harness"].get(words[1], {"script": words[1], "prefix": "--"}))

@@ -5,12 +5,14 @@ Each run is timed from outside (process start to exit, so imports, compilation, 
 and the pictures all count), its peak memory read from the OS, and its summary.json read back. The
 evaluation columns are both protocols the script reports: gymnax's (no sticky actions) and MinAtar's
 (sticky actions with probability 0.1). `--out` keeps the rows as JSON; `--from-json` prints the
-table again from such a file without running anything.
+table again from such a file without running anything; `--collect` makes the rows from finished run
+directories of the script (runs started by hand) instead of running it.
 
 Run:  python benchmarks/results_table.py --seeds 1 2 3 4 5 --num-devices 2 --out results.json
       python benchmarks/results_table.py --script-args="--update-epochs 3"   # other settings
       python benchmarks/results_table.py --script pqn_minatar --total-timesteps 10000000
       python benchmarks/results_table.py --from-json benchmarks/results/readme_table.json
+      python benchmarks/results_table.py --script pqn_minatar --collect runs/A runs/B --out r.json
 """
 
 import dataclasses
@@ -52,6 +54,10 @@ class Args:
     """write the rows and the command as JSON to this new file ("" writes none)"""
     from_json: str = ""
     """print the table of a JSON file written by --out, and run nothing"""
+    collect: tuple[str, ...] = ()
+    """make the rows from these finished run directories of --script instead of running it: their
+    summary.json, event log and model; the wall seconds are the script's own (from its start), the
+    peak memory is not known"""
 
 
 def learning_curve(run_dir: str, started: float, max_points: int = 250) -> dict:
@@ -65,6 +71,29 @@ def learning_curve(run_dir: str, started: float, max_points: int = 250) -> dict:
     keep = np.unique(spaced.round().astype(int))
     return {"steps": [points[i].step for i in keep], "returns": [points[i].value for i in keep],
             "seconds": [round(points[i].wall_time - started, 2) for i in keep]}
+
+
+def row_of(summary: dict, run_dir: str, wall_seconds: float, peak_gb: float | None,
+           started: float) -> dict:
+    """A seed's row: its evaluation, times, curve, arguments and model digest."""
+    return {"seed": summary["seed"], "eval": summary["eval"], "wall_seconds": wall_seconds,
+            "compile_seconds": summary["compile_seconds"], "sps": summary["sps"],
+            "peak_gb": peak_gb, "run_dir": run_dir, "curve": learning_curve(run_dir, started),
+            "args": summary["args"], "model_sha256": model_digest(run_dir)}
+
+
+def collected_row(run_dir: str) -> dict:
+    """The row of a finished run directory. Its process started wall_seconds before summary.json
+    was written, the run's last act."""
+    path = os.path.join(run_dir, "summary.json")
+    with open(path) as f:
+        summary = json.load(f)
+    if summary.get("status") != "completed":
+        print(f"error: --collect {run_dir}: the run did not complete (status "
+              f"{summary.get('status')!r})", file=sys.stderr)
+        sys.exit(2)
+    started = os.path.getmtime(path) - summary["wall_seconds"]
+    return row_of(summary, os.path.relpath(run_dir), summary["wall_seconds"], None, started)
 
 
 def model_digest(run_dir: str) -> str | None:
@@ -82,6 +111,7 @@ def print_table(table: dict) -> None:
     print("| seed | sampled | greedy | sampled, sticky 0.1 | greedy, sticky 0.1 | wall s "
           "| compile s | train SPS |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    rows = [{**row, "peak_gb": row["peak_gb"] or float("nan")} for row in rows]  # --collect's
     cell = lambda e: f"{e['mean']:.2f} ± {e['std']:.2f}"  # noqa: E731
     for row in rows:
         e = row["eval"]
@@ -117,6 +147,9 @@ def main() -> None:
         error = "give at least one seed (--seeds 1 2 3)"
     elif args.total_timesteps <= 0:
         error = f"--total-timesteps must be positive, got {args.total_timesteps}"
+    elif [d for d in args.collect if not os.path.isfile(os.path.join(d, "summary.json"))]:
+        missing = [d for d in args.collect if not os.path.isfile(os.path.join(d, "summary.json"))]
+        error = f"--collect {missing[0]}: no summary.json there"
     elif args.out and os.path.exists(args.out):
         error = f"--out {args.out} exists; choose another name"
     try:
@@ -126,8 +159,8 @@ def main() -> None:
     if error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    rows = []
-    for seed in args.seeds:
+    rows = [collected_row(run_dir) for run_dir in args.collect]
+    for seed in () if args.collect else args.seeds:
         flags = ["--seed", str(seed), "--total-timesteps", str(args.total_timesteps),
                  "--num-devices", str(args.num_devices), "--exp-name", args.exp_name, *script_args]
         started = time.time()
@@ -137,11 +170,7 @@ def main() -> None:
             sys.exit(run.returncode)
         summary, summary_path = common.read_summary(run.stdout)
         run_dir = os.path.relpath(os.path.dirname(summary_path))
-        rows.append({"seed": seed, "eval": summary["eval"], "wall_seconds": run.wall_seconds,
-                     "compile_seconds": summary["compile_seconds"], "sps": summary["sps"],
-                     "peak_gb": run.peak_rss_mb / 2**10, "run_dir": run_dir,
-                     "curve": learning_curve(run_dir, started), "args": summary["args"],
-                     "model_sha256": model_digest(run_dir)})
+        rows.append(row_of(summary, run_dir, run.wall_seconds, run.peak_rss_mb / 2**10, started))
         policy = POLICY[args.script]
         print(f"seed {seed}: {policy} {summary['eval'][policy]['mean']:.2f}, "
               f"wall {run.wall_seconds:.1f}s", file=sys.stderr)

@@ -29,3 +29,35 @@ def test_script_args_that_do_not_parse_exit_2_before_any_run(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1
     assert "--script-args" in result.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_collect_makes_the_rows_of_finished_runs_and_their_commands(tmp_path, tiny_run):
+    import hashlib
+    import json
+
+    from benchmarks import make_tables
+    from tests.helpers import read_summary
+
+    _, run_dir = tiny_run
+    out = tmp_path / "collected.json"
+    result = run_table(tmp_path, "--collect", run_dir, "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    summary = read_summary(run_dir)
+    assert (row["seed"], row["eval"], row["args"]) == (3, summary["eval"], summary["args"])
+    with open(os.path.join(run_dir, "model.safetensors"), "rb") as f:
+        assert row["model_sha256"] == hashlib.sha256(f.read()).hexdigest()
+    seconds = row["curve"]["seconds"]
+    assert 0 < seconds[0] <= seconds[-1] <= row["wall_seconds"]
+    # The table's command is the run's own, with the arguments it changed.
+    assert make_tables.command(json.loads(out.read_text())) == (
+        "python ppo_breakout.py --seed 3 --num-devices 2 --total-timesteps 4096 --num-envs 16 "
+        "--num-minibatches 4 --update-epochs 1")
+    # A run that did not complete is refused, and nothing is written.
+    summary["status"] = "interrupted"
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    (stopped / "summary.json").write_text(json.dumps(summary))
+    refused = run_table(tmp_path, "--collect", str(stopped), "--out", str(tmp_path / "no.json"))
+    assert refused.returncode == 2 and "did not complete" in refused.stderr
+    assert not (tmp_path / "no.json").exists()
