@@ -29,11 +29,13 @@ import tyro
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks import aggregate, stats  # noqa: E402
+from utils import files  # noqa: E402
 
 RESULTS = os.path.join("benchmarks", "results")
 MANIFEST = os.path.join("benchmarks", "tables.toml")
 DOCS = ("README.md", *(os.path.join("docs", name) for name in (
-    "tuning.md", "tuning_history.md", "loss_stability.md", "ppo_breakout.md")))
+    "tuning.md", "tuning_history.md", "loss_stability.md", "ppo_breakout.md", "pqn_minatar.md")),
+    os.path.join("models", "README.md"))
 THIS = "python benchmarks/make_tables.py"
 PROTOCOLS = {"g": ("eval_returns", "gymnax's"), "m": ("eval_returns_minatar", "MinAtar's")}
 
@@ -116,9 +118,7 @@ def command(result: dict) -> str:
         return f"{result['environment']} {cmd}"
     words = shlex.split(cmd)
     if "--collect" in words:  # rows of runs started by hand: each seed's own command
-        return "\n".join(command({"command": f"python {result['script']}.py --seed {row['seed']} "
-                                              f"--num-devices {row['args']['num_devices']}",
-                                   "args": row["args"]}) for row in result["rows"])
+        return "\n".join(seed_command(result, row) for row in result["rows"])
     if len(words) < 2 or words[0] != "python" or recorded_args(result) is None:
         return cmd  # no script arguments recorded: shown as run
     spec = dict(manifest()["harness"].get(words[1], {"script": words[1], "prefix": "--"}))
@@ -148,6 +148,13 @@ def command(result: dict) -> str:
             return cmd.replace(f"'{inside}", f"'{inside}" + " ".join(pins) + " ")
         return f"{cmd} '{inside}{' '.join(pins)}'"
     return f"{cmd} {' '.join(pins)}"
+
+
+def seed_command(result: dict, row: dict) -> str:
+    """The script command that trains one seed's row of a script-run result again."""
+    return command({"command": f"python {result.get('script', 'ppo_breakout')}.py --seed "
+                               f"{row['seed']} --num-devices {row['args']['num_devices']}",
+                    "args": row["args"]})
 
 
 def files_of(patterns: list[str]) -> list[str]:
@@ -377,9 +384,33 @@ def parts(table: dict) -> str:
     return "\n\n".join(render(dict(part, id=table["id"])) for part in table["parts"])
 
 
+def models_table(table: dict) -> str:
+    """The pretrained agents: each file in models/ with the run it came from (the file's digest is
+    that run's model_sha256, or the table fails), the run's scores under both protocols and both
+    policies, and the commands that play it and train it again."""
+    lines = [table["head"], table["rule"]]
+    for row in table["rows"]:
+        result = load(row["file"])
+        (run,) = [r for r in result["rows"] if r["seed"] == row["seed"]]
+        if files.source_digest(os.path.join(ROOT, row["model"])) != run["model_sha256"]:
+            raise ValueError(f"{row['model']} is not the model of seed {row['seed']} in "
+                             f"{row['file']}")
+        script, e = result["script"], run["eval"]
+        play = (f"python {script}.py --load-model {row['model']} --seed {run['seed']} "
+                f"--num-devices {run['args']['num_devices']}")
+        scores = [e["greedy"], e["sampled"], e["sticky_0.1"]["greedy"], e["sticky_0.1"]["sampled"]]
+        lines.append("| " + " | ".join([
+            run["args"]["env_id"].removesuffix("-MinAtar"), f"`{script}.py`",
+            f"[{os.path.basename(row['model'])}]({os.path.basename(row['model'])})",
+            f"{run['args']['total_timesteps'] / 1e6:g}M",
+            *[f"{x['mean']:.1f}" for x in scores], f"`{play}`",
+            f"`{seed_command(result, run)}`"]) + " |")
+    return "\n".join(lines)
+
+
 RENDERERS = {"results": results_table, "games": games_table, "speed": speed_table,
              "same_run": same_run, "commands": commands_block,
-             "parts": parts}
+             "parts": parts, "models": models_table}
 
 
 def render(table: dict) -> str:
