@@ -1,8 +1,9 @@
 """What the benchmark scripts share: running a script as its own process and reading what it
-reports, describing the machine, and writing a report.
+reports, alternating rounds of the versions compared, describing the machine, and writing a report.
 
 Any script in the repository root that ends its output with a line `summary: PATH` (the path of its
-summary.json) can be run this way; which one is a parameter. Importing this module starts no JAX.
+summary.json) can be run this way; which one is a parameter. So can any other command that ends
+its output so (benchmarks/purejaxql_pqn.py for purejaxql). Importing this module starts no JAX.
 """
 
 import datetime
@@ -10,10 +11,11 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple, NoReturn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -115,17 +117,22 @@ def script_command(script: str, flags: list[str], tree: str = ROOT) -> list[str]
     return [sys.executable, os.path.join(tree, script), *flags]
 
 
-def run_script(script: str, flags: list[str], cwd: str, tree: str = ROOT,
-               prefix: Sequence[str] = (), env: dict | None = None) -> ScriptRun:
-    """Runs a script of `tree` in `cwd` (its runs/ lands there) behind an optional command `prefix`
-    (e.g. taskset); RuntimeError with its last stderr line if it fails."""
-    command = [*prefix, *script_command(script, flags, tree)]
+def run_reporting(command: list[str], cwd: str, env: dict | None = None) -> ScriptRun:
+    """Runs any command that ends its output with `summary: PATH` in `cwd`, and reads that summary;
+    RuntimeError with its last stderr line if it fails."""
     run = run_timed(command, cwd, env)
     if run.returncode != 0:
         last = (run.stderr.strip().splitlines() or ["(no output on stderr)"])[-1]
         raise RuntimeError(f"{shlex.join(command)} exited with {run.returncode}: {last}")
     summary, path = read_summary(run.stdout, cwd)
     return ScriptRun(run, summary, path)
+
+
+def run_script(script: str, flags: list[str], cwd: str, tree: str = ROOT,
+               prefix: Sequence[str] = (), env: dict | None = None) -> ScriptRun:
+    """Runs a script of `tree` in `cwd` (its runs/ lands there) behind an optional command `prefix`
+    (e.g. taskset); RuntimeError with its last stderr line if it fails."""
+    return run_reporting([*prefix, *script_command(script, flags, tree)], cwd, env)
 
 
 def speed_fields(run: ScriptRun) -> dict:
@@ -138,6 +145,44 @@ def speed_fields(run: ScriptRun) -> dict:
     if "mean" in sampled:
         fields["sampled"] = sampled["mean"]
     return fields
+
+
+# ------------------------------------------------------------------------------------------------
+# Alternating rounds
+# ------------------------------------------------------------------------------------------------
+def progress(run: dict) -> str:
+    """One run in a round's line: what the script's summary.json reported of its time."""
+    parts = [f"{run['wall_seconds']:.2f} s", f"{run['peak_memory_mb']:.0f} MB"]
+    if "sps" in run:
+        parts.append(f"{run['sps']:,.0f} SPS")
+    if "compile_seconds" in run:
+        parts.append(f"compile {run['compile_seconds']:.2f} s")
+    return ", ".join(parts)
+
+
+def alternate(versions: dict[str, Callable[[], dict]], rounds: int,
+              warm_up: Collection[str] | None = None) -> list[dict[str, dict]]:
+    """Runs every version once per round, in turn, so that slow drifts of the machine hit them
+    alike: `rounds` recorded rounds of {label: speed fields} after one unrecorded round of the
+    versions in `warm_up` (all by default), which fills their compilation caches. A line per
+    recorded round goes to stdout."""
+    warm_up = versions if warm_up is None else warm_up
+    for label in warm_up:
+        versions[label]()
+    recorded = []
+    for _ in range(rounds):
+        runs = {label: run() for label, run in versions.items()}
+        recorded.append(runs)
+        print(" | ".join(f"{label}: {progress(r)}" for label, r in runs.items()), flush=True)
+    return recorded
+
+
+def round_ratios(rounds: list[dict[str, dict]], own: str, ref: str, field: str = "sps") -> dict:
+    """`own`'s `field` over `ref`'s, per round (both ran in it, so a busy spell hits both), with
+    their median and range: the interval a few rounds give."""
+    ratios = [r[own][field] / r[ref][field] for r in rounds]
+    return {"per_round": ratios, "median": statistics.median(ratios),
+            "range": [min(ratios), max(ratios)]}
 
 
 # ------------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ training and evaluation seconds and sampled return. Versions:
 """
 
 import dataclasses
+import functools
 import os
 import shlex
 import shutil
@@ -98,16 +99,6 @@ def versions_of(args: Args, base_tree: str) -> dict[str, Version]:
     return versions
 
 
-def progress(run: dict) -> str:
-    """One run in a round's line: what the script's summary.json reported of its time."""
-    parts = [f"{run['wall_seconds']:.2f} s", f"{run['peak_memory_mb']:.0f} MB"]
-    if "sps" in run:
-        parts.append(f"{run['sps']:,.0f} SPS")
-    if "compile_seconds" in run:
-        parts.append(f"compile {run['compile_seconds']:.2f} s")
-    return ", ".join(parts)
-
-
 def main() -> None:
     args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
     if args.rounds < 1:
@@ -135,13 +126,9 @@ def main() -> None:
             if added.returncode:
                 fail(f"--base {args.base}: {added.stderr.strip().splitlines()[-1]}")
         try:
-            rounds = []
-            for i in range(args.rounds + 1):
-                runs = {label: v.run(args.script, flags, workdir) for label, v in versions.items()}
-                if i:  # round 0 warms the cache
-                    rounds.append(runs)
-                    print(" | ".join(f"{label}: {progress(r)}" for label, r in runs.items()),
-                          flush=True)
+            rounds = common.alternate(
+                {label: functools.partial(v.run, args.script, flags, workdir)
+                 for label, v in versions.items()}, args.rounds)
         finally:
             if args.base:
                 subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", base_tree],

@@ -1,5 +1,5 @@
-"""benchmarks/common.py: the summary line read back, a child's own wall time and peak memory, the
-machine described from /proc/cpuinfo, and the report's head."""
+"""benchmarks/common.py: the summary line read back, a child's own wall time and peak memory, rounds
+that alternate and their ratios, the machine described from /proc/cpuinfo, and the report's head."""
 
 import json
 import os
@@ -77,6 +77,44 @@ def test_a_failing_script_raises_with_its_last_error_line(tmp_path):
                                      "sys.exit(2)\n")
     with pytest.raises(RuntimeError, match=r"exited with 2: error: --seed is odd$"):
         common.run_script("bad.py", [], str(tmp_path), tree=str(tmp_path))
+
+
+def test_any_command_that_names_its_summary_is_run_and_read(tmp_path):
+    code = ("import json; json.dump({'sps': 2.0}, open('s.json', 'w')); print('summary: s.json')")
+    run = common.run_reporting([sys.executable, "-c", code], str(tmp_path))
+    assert run.summary == {"sps": 2.0} and run.summary_path == str(tmp_path / "s.json")
+
+
+# ------------------------------------------------------------------------------------------------
+# Alternating rounds
+# ------------------------------------------------------------------------------------------------
+def test_rounds_alternate_the_versions_after_a_warm_up_of_those_named(capsys):
+    calls = []
+
+    def version(name, sps):
+        def run():
+            calls.append(name)
+            return {"wall_seconds": 1.0, "peak_memory_mb": 10.0, "sps": sps}
+        return run
+
+    rounds = common.alternate({"a": version("a", 300.0), "b": version("b", 100.0)}, 2,
+                              warm_up=["a"])
+    assert calls == ["a", "a", "b", "a", "b"]  # the warm-up run of "a" is not recorded
+    assert rounds == [{"a": {"wall_seconds": 1.0, "peak_memory_mb": 10.0, "sps": 300.0},
+                       "b": {"wall_seconds": 1.0, "peak_memory_mb": 10.0, "sps": 100.0}}] * 2
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["a: 1.00 s, 10 MB, 300 SPS | b: 1.00 s, 10 MB, 100 SPS"] * 2
+    calls.clear()
+    common.alternate({"a": version("a", 1.0), "b": version("b", 1.0)}, 1)
+    assert calls == ["a", "b", "a", "b"]  # by default every version warms up
+
+
+def test_round_ratios_pair_each_round_and_give_median_and_range():
+    rounds = [{"own": {"sps": 50.0}, "ref": {"sps": 10.0}},
+              {"own": {"sps": 30.0}, "ref": {"sps": 10.0}},
+              {"own": {"sps": 80.0}, "ref": {"sps": 20.0}}]
+    assert common.round_ratios(rounds, "own", "ref") == {
+        "per_round": [5.0, 3.0, 4.0], "median": 4.0, "range": [3.0, 5.0]}
 
 
 # ------------------------------------------------------------------------------------------------
