@@ -1,4 +1,6 @@
-"""Hyperparameter search: an Optuna study over ppo_breakout.py's settings, a trial a harness run.
+"""Hyperparameter search: an Optuna study over an algorithm script's settings, a trial a harness
+run. --script names the script: ppo_breakout (the default; fixed settings as --ppo.* flags) or
+pqn_minatar (--pqn.*); each has its own search space and default study name.
 
 Each trial trains --num-seeds seeds at once with benchmarks/tune.py's `train_seeds` and scores the
 interquartile mean (IQM) of their evaluation returns. After each chunk of training it reports the
@@ -14,6 +16,7 @@ the study is exported as JSON: every trial, the best ones with bootstrap interva
 importances, and the harness flags of the best trial (to confirm it on fresh seeds).
 
 Run:  python benchmarks/search.py --n-trials 30 --num-seeds 8 --out benchmarks/results/search.json
+      python benchmarks/search.py --script pqn_minatar --n-trials 30 --storage runs/search_pqn.db
 Docs: docs/tuning.md
 """
 
@@ -25,6 +28,7 @@ import socket
 import sys
 import time
 import warnings
+from typing import Literal, NamedTuple
 
 import optuna
 import sqlalchemy
@@ -36,41 +40,82 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import stats, tune  # noqa: E402  (tune sets up JAX's devices first)
 from utils import startup  # noqa: E402
 
-ppo_breakout = tune.ppo_breakout
+ppo_breakout, pqn_minatar = tune.ppo_breakout, tune.pqn_minatar
 # Heartbeats and their retry callback are marked experimental; they are what lets a study resume.
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
-# The search space: every ppo_breakout.Args field that shapes learning, by name, except the
-# environment, the step budget and the seed. The torso's widths are two parameters, width_1 and
-# width_2.
-SEARCH_SPACE = {
-    "learning_rate": FloatDistribution(1e-3, 2e-2, log=True),
-    "anneal_lr": CategoricalDistribution([True, False]),
-    "num_envs": CategoricalDistribution([32, 64, 128]),
-    "num_steps": CategoricalDistribution([64, 128, 256]),
-    "gamma": FloatDistribution(0.97, 0.999),
-    "gae_lambda": FloatDistribution(0.8, 0.99),
-    "num_minibatches": CategoricalDistribution([4, 8, 16, 32, 64]),
-    "update_epochs": IntDistribution(2, 6),
-    "norm_adv": CategoricalDistribution([True, False]),
-    "clip_coef": FloatDistribution(0.1, 0.3),
-    "clip_vloss": CategoricalDistribution([True, False]),
-    "ent_coef": FloatDistribution(1e-3, 5e-2, log=True),
-    "vf_coef": FloatDistribution(0.25, 1.0),
-    "max_grad_norm": FloatDistribution(0.25, 2.0, log=True),
-    "width_1": IntDistribution(32, 128, step=32),
-    "width_2": IntDistribution(32, 96, step=32),
-    "activation": CategoricalDistribution(["crelu", "relu"]),
+
+class Space(NamedTuple):
+    """One script's search: its parameters by name (the torso's widths are parameters of their own,
+    named in `widths`), its default study name, and the Args fields added since its first studies
+    with the value they ran with (see ppo_breakout.ADDED_ARGS)."""
+    params: dict
+    widths: tuple[str, ...]
+    study_name: str
+    added_args: dict
+
+
+# Each script's search: the Args fields that shape learning, by name, except the environment, the
+# step budget and the seed.
+SPACES = {
+    "ppo_breakout": Space(
+        params={
+            "learning_rate": FloatDistribution(1e-3, 2e-2, log=True),
+            "anneal_lr": CategoricalDistribution([True, False]),
+            "num_envs": CategoricalDistribution([32, 64, 128]),
+            "num_steps": CategoricalDistribution([64, 128, 256]),
+            "gamma": FloatDistribution(0.97, 0.999),
+            "gae_lambda": FloatDistribution(0.8, 0.99),
+            "num_minibatches": CategoricalDistribution([4, 8, 16, 32, 64]),
+            "update_epochs": IntDistribution(2, 6),
+            "norm_adv": CategoricalDistribution([True, False]),
+            "clip_coef": FloatDistribution(0.1, 0.3),
+            "clip_vloss": CategoricalDistribution([True, False]),
+            "ent_coef": FloatDistribution(1e-3, 5e-2, log=True),
+            "vf_coef": FloatDistribution(0.25, 1.0),
+            "max_grad_norm": FloatDistribution(0.25, 2.0, log=True),
+            "width_1": IntDistribution(32, 128, step=32),
+            "width_2": IntDistribution(32, 96, step=32),
+            "activation": CategoricalDistribution(["crelu", "relu"]),
+        },
+        widths=("width_1", "width_2"), study_name="breakout-ppo",
+        added_args=ppo_breakout.ADDED_ARGS),
+    # Around the script's defaults, purejaxql's MinAtar config (github.com/mttga/purejaxql,
+    # purejaxql/config/alg/pqn_minatar.yaml). Powers of two, so that every batch divides into every
+    # minibatch count and device count. LayerNorm stays on: it is what lets PQN learn without a
+    # target network.
+    "pqn_minatar": Space(
+        params={
+            "learning_rate": FloatDistribution(1e-4, 2e-3, log=True),
+            "num_envs": CategoricalDistribution([64, 128, 256]),
+            "num_steps": CategoricalDistribution([16, 32, 64]),
+            "gamma": FloatDistribution(0.97, 0.995),
+            "q_lambda": FloatDistribution(0.3, 0.9),
+            "num_minibatches": CategoricalDistribution([8, 16, 32, 64]),
+            "update_epochs": IntDistribution(1, 4),
+            "max_grad_norm": FloatDistribution(1.0, 20.0, log=True),
+            "epsilon_end": FloatDistribution(0.01, 0.1, log=True),
+            "exploration_fraction": FloatDistribution(0.05, 0.3),
+            "width": IntDistribution(64, 256, step=64),
+            "conv_channels": IntDistribution(8, 32, step=8),
+        },
+        widths=("width",), study_name="breakout-pqn", added_args={}),
 }
-WIDTHS = ("width_1", "width_2")
 
 
 @dataclasses.dataclass
 class Args:
+    script: Literal["ppo_breakout", "pqn_minatar"] = "ppo_breakout"
+    """the algorithm searched: ppo_breakout.py with the --ppo.* settings, or pqn_minatar.py with the
+    --pqn.* ones"""
     ppo: ppo_breakout.Args = dataclasses.field(default_factory=ppo_breakout.Args)
-    """the settings that are not searched (and the values of --fixed ones)"""
-    study_name: str = "breakout-ppo"
-    """the study's name in the storage"""
+    """with --script ppo_breakout, the settings that are not searched (and the values of --fixed
+    ones)"""
+    pqn: pqn_minatar.Args = dataclasses.field(default_factory=pqn_minatar.Args)
+    """with --script pqn_minatar, the settings that are not searched (and the values of --fixed
+    ones)"""
+    study_name: str = ""
+    """the study's name in the storage ("": the script's, breakout-ppo or breakout-pqn)"""
     storage: str = "runs/search.db"
     """an SQLite file (one process), a file ending in .journal (processes on one machine), or a
     database URL for workers on many machines (postgresql://user:pass@host:5432/db)"""
@@ -90,8 +135,8 @@ class Args:
     """the pruner may stop a trial from this chunk on (1-based): early curves favour fast
     starters"""
     fixed: tuple[str, ...] = ()
-    """search-space parameters held at their --ppo value instead of searched (hidden_sizes: both
-    widths, from --ppo.hidden-sizes)"""
+    """search-space parameters held at their --ppo (or --pqn) value instead of searched
+    (hidden_sizes: every width, from --ppo.hidden-sizes or --pqn.hidden-sizes)"""
     sampler_seed: int | None = None
     """seed of the TPE sampler, plus the number of trials up to this worker's first one: trial
     numbers are unique, so workers given the same seed still draw apart; None draws a fresh one"""
@@ -108,10 +153,11 @@ def find_search_error(args: Args) -> str | None:
                  "heartbeat_interval"):
         if getattr(args, name) <= 0:
             return f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}"
-    known = set(SEARCH_SPACE) | {"hidden_sizes"}
+    known = set(SPACES[args.script].params) | {"hidden_sizes"}
     unknown = [name for name in args.fixed if name not in known]
     if unknown:
-        return f"--fixed {' '.join(unknown)}: not in the search space ({', '.join(sorted(known))})"
+        return (f"--fixed {' '.join(unknown)}: not in the search space of {args.script} "
+                f"({', '.join(sorted(known))})")
     if "://" in args.storage:
         try:
             sqlalchemy.engine.make_url(args.storage)
@@ -194,19 +240,29 @@ def open_storage(args: Args) -> optuna.storages.BaseStorage:
             time.sleep(1.0)
 
 
+def study_name(args: Args) -> str:
+    """--study-name, or the script's own."""
+    return args.study_name or SPACES[args.script].study_name
+
+
 def study_settings(args: Args) -> dict:
-    """What makes one study's trials comparable: the space searched, every other setting a trial
-    trains with, the harness's seeds and chunks. Its first worker stores them; the others must
-    match."""
+    """What makes one study's trials comparable: the script, the space searched, every other
+    setting a trial trains with, the harness's seeds and chunks. Its first worker stores them; the
+    others must match."""
     space = searched(args)
-    run_only = {"exp_name", "seed", "diagnostics", "eval_episodes", "num_devices", "jax_cache_dir",
-                "save_model", "load_model", "batch_size", "minibatch_size", "num_iterations"}
-    shaped = set(space) | ({"hidden_sizes"} if set(WIDTHS) <= set(space) else set())
+    # eval_epsilon: the harness scores PQN greedy.
+    run_only = {"exp_name", "seed", "diagnostics", "eval_episodes", "eval_epsilon", "num_devices",
+                "jax_cache_dir", "save_model", "load_model", "batch_size", "minibatch_size",
+                "num_iterations"}
+    widths = SPACES[args.script].widths
+    shaped = set(space) | ({"hidden_sizes"} if set(widths) <= set(space) else set())
+    fixed = dataclasses.asdict(tune.settings(args))
     settings = {
+        "script": args.script,
         "searched": {name: optuna.distributions.distribution_to_json(dist)
                      for name, dist in space.items()},
-        "ppo": {name: value for name, value in dataclasses.asdict(args.ppo).items()
-                if name not in run_only | shaped},
+        tune.GROUPS[args.script]: {name: value for name, value in fixed.items()
+                                   if name not in run_only | shaped},
         **{name: getattr(args, name) for name in ("num_seeds", "first_seed", "eval_episodes",
                                                   "num_chunks", "prune_from_chunk")},
     }
@@ -225,18 +281,28 @@ def differences(stored: dict, ours: dict, prefix: str = "") -> list[str]:
     return found
 
 
+def stored_settings(study: optuna.Study) -> dict:
+    """The settings the study's maker stored, as they read today: a study stored before --script
+    existed searched ppo_breakout, and one stored before a field of Args existed ran with the value
+    that field had then."""
+    settings = {"script": "ppo_breakout", **study.user_attrs["search"]["settings"]}
+    space, group = SPACES[settings["script"]], tune.GROUPS[settings["script"]]
+    settings[group] = {**space.added_args, **settings[group]}
+    return settings
+
+
 def open_study(args: Args, storage: optuna.storages.BaseStorage) -> optuna.Study:
     """Makes the study, or joins it if another worker made it. Its maker enqueues the defaults as
     the first trial and then stores the settings; the others wait for those, then check them."""
     # n_warmup_steps=0: when the pruner may act is --prune-from-chunk's to say, in the objective.
     pruner = optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=0)
-    settings = study_settings(args)
-    where = f"study {args.study_name!r} in {shown(args.storage)}"
+    settings, name = study_settings(args), study_name(args)
+    where = f"study {name!r} in {shown(args.storage)}"
     try:
-        study = optuna.create_study(study_name=args.study_name, storage=storage,
-                                    direction="maximize", pruner=pruner)
+        study = optuna.create_study(study_name=name, storage=storage, direction="maximize",
+                                    pruner=pruner)
     except optuna.exceptions.DuplicatedStudyError:
-        study = optuna.load_study(study_name=args.study_name, storage=storage, pruner=pruner)
+        study = optuna.load_study(study_name=name, storage=storage, pruner=pruner)
     else:
         study.enqueue_trial(default_params(args))
         # Last, and in one write: the other workers wait for it.
@@ -254,9 +320,10 @@ def open_study(args: Args, storage: optuna.storages.BaseStorage) -> optuna.Study
             fail(f"{where} holds no search settings (made by another program, or its maker stopped "
                  "while making it); choose another --study-name")
         time.sleep(0.2)
-    stored = study.user_attrs["search"]["settings"]
-    # A study stored before a field of Args existed ran with the value that field had then.
-    stored["ppo"] = {**ppo_breakout.ADDED_ARGS, **stored["ppo"]}
+    stored = stored_settings(study)
+    if stored["script"] != args.script:
+        fail(f"{where} searches {stored['script']}, not {args.script}; give --script "
+             f"{stored['script']} or another --study-name")
     differ = differences(stored, settings)
     if differ:
         fail(f"{where} was made with other settings ({'; '.join(differ[:3])}); choose another "
@@ -274,58 +341,68 @@ def suggest(trial: optuna.Trial, name: str, dist) -> object:
     return trial.suggest_categorical(name, dist.choices)
 
 
-def to_ppo_args(params: dict, base: ppo_breakout.Args) -> ppo_breakout.Args:
-    """The script's settings for a trial's parameters: `base` with the searched fields replaced. A
-    searched width makes the torso two layers, the other width taken from base's first or last
-    layer."""
-    fields = {k: v for k, v in params.items() if k not in WIDTHS}
-    if any(w in params for w in WIDTHS):
-        fields["hidden_sizes"] = (params.get("width_1", base.hidden_sizes[0]),
-                                  params.get("width_2", base.hidden_sizes[-1]))
+def to_args(params: dict, base):
+    """The script's settings for a trial's parameters: `base` (a script's Args) with the searched
+    fields replaced. A searched width makes the torso one layer per width of the space, a width
+    not searched taken from base's first or last layer."""
+    widths = SPACES[tune.script_of(base)].widths
+    fields = {k: v for k, v in params.items() if k not in widths}
+    if any(w in params for w in widths):
+        ends = (base.hidden_sizes[0], base.hidden_sizes[-1])
+        fields["hidden_sizes"] = tuple(params.get(w, end) for w, end in zip(widths, ends))
     return dataclasses.replace(base, **fields)
 
 
 def searched(args: Args) -> dict:
-    """The part of SEARCH_SPACE this run searches: all of it but --fixed."""
-    return {name: dist for name, dist in SEARCH_SPACE.items()
-            if name not in args.fixed and not (name in WIDTHS and "hidden_sizes" in args.fixed)}
+    """The part of the script's space this run searches: all of it but --fixed."""
+    space = SPACES[args.script]
+    return {name: dist for name, dist in space.params.items() if name not in args.fixed
+            and not (name in space.widths and "hidden_sizes" in args.fixed)}
 
 
 def default_params(args: Args) -> dict:
     """The searched parameters at the script's defaults: the study's first trial."""
-    defaults = ppo_breakout.Args()
-    values = {**{name: getattr(defaults, name) for name in SEARCH_SPACE if name not in WIDTHS},
-              **dict(zip(WIDTHS, defaults.hidden_sizes))}
+    space, defaults = SPACES[args.script], tune.SCRIPTS[args.script].Args()
+    values = {**{name: getattr(defaults, name) for name in space.params
+                 if name not in space.widths},
+              **dict(zip(space.widths, defaults.hidden_sizes))}
     return {name: values[name] for name in searched(args)}
 
 
-def ppo_flags(params: dict) -> str:
-    """A trial's parameters as the harness's command-line flags (floats to 4 significant digits)."""
-    cfg = to_ppo_args(params, ppo_breakout.Args())
-    names = [k for k in params if k not in WIDTHS]
-    names += ["hidden_sizes"] if set(WIDTHS) & set(params) else []
-    flags = []
+def harness_flags(params: dict, script: str) -> str:
+    """A trial's parameters as the harness's command-line flags (floats to 4 significant digits),
+    after --script where the harness would not train that script by default."""
+    group, widths = tune.GROUPS[script], SPACES[script].widths
+    cfg = to_args(params, tune.SCRIPTS[script].Args())
+    names = [k for k in params if k not in widths]
+    names += ["hidden_sizes"] if set(widths) & set(params) else []
+    flags = [] if script == tune.Args.script else [f"--script {script}"]
     for name in names:
         value, flag = getattr(cfg, name), name.replace("_", "-")
         if isinstance(value, bool):  # tyro's boolean flags: --ppo.x and --ppo.no-x
-            flags.append(f"--ppo.{flag}" if value else f"--ppo.no-{flag}")
+            flags.append(f"--{group}.{flag}" if value else f"--{group}.no-{flag}")
         elif isinstance(value, tuple):
-            flags.append(f"--ppo.{flag} {' '.join(map(str, value))}")
+            flags.append(f"--{group}.{flag} {' '.join(map(str, value))}")
         else:
-            flags.append(f"--ppo.{flag} {value:.4g}" if isinstance(value, float)
-                         else f"--ppo.{flag} {value}")
+            flags.append(f"--{group}.{flag} {value:.4g}" if isinstance(value, float)
+                         else f"--{group}.{flag} {value}")
     return " ".join(flags)
 
 
+# ppo_breakout's space and helpers, by the names they had before PQN was searched (its tests use
+# them).
+SEARCH_SPACE, WIDTHS = SPACES["ppo_breakout"].params, SPACES["ppo_breakout"].widths
+to_ppo_args, ppo_flags = to_args, functools.partial(harness_flags, script="ppo_breakout")
 
 
 def objective(trial: optuna.Trial, args: Args) -> float:
     params = {name: suggest(trial, name, dist) for name, dist in searched(args).items()}
-    cfg = to_ppo_args(params, args.ppo)
-    error = ppo_breakout.check_args(cfg)
+    cfg = to_args(params, tune.settings(args))
+    script = tune.SCRIPTS[args.script]
+    error = script.check_args(cfg)
     if error:  # cannot happen with the declared space; kept so a bad edit fails loudly
         raise ValueError(f"trial {trial.number}: {error}")
-    ppo_breakout.fill_runtime_fields(cfg)
+    script.fill_runtime_fields(cfg)
     seeds = list(range(args.first_seed, args.first_seed + args.num_seeds))
     trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
     trial.set_user_attr("machine", tune.machine())
@@ -355,7 +432,7 @@ def objective(trial: optuna.Trial, args: Args) -> float:
     iqm = summary["iqm"]
     print(f"trial {trial.number:>3} finished: IQM {iqm['value']:.2f} "
           f"[{iqm['ci'][0]:.2f}, {iqm['ci'][1]:.2f}] in {time.time() - start:.0f} s | "
-          f"{ppo_flags(params)}", file=sys.stderr, flush=True)
+          f"{harness_flags(params, args.script)}", file=sys.stderr, flush=True)
     return iqm["value"]
 
 
@@ -444,12 +521,13 @@ def report(study: optuna.Study) -> dict:
     """The study as JSON: its space and settings, every trial, the best five with bootstrap
     intervals, and the parameter importances over the completed trials. Read from the study alone,
     so any worker exports the same."""
-    made = study.user_attrs["search"]
-    settings, ppo = made["settings"], made["settings"]["ppo"]
+    made, settings = study.user_attrs["search"], stored_settings(study)
+    script = settings["script"]
+    space, fixed = SPACES[script], settings[tune.GROUPS[script]]
     # Trials past the budget never ran: they are the workers' bookkeeping, not the search's.
     trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("past_budget")]
     complete = sorted((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: -t.value)
-    best = [{"number": t.number, "params": t.params, "flags": ppo_flags(t.params),
+    best = [{"number": t.number, "params": t.params, "flags": harness_flags(t.params, script),
              "seeds": t.user_attrs["seeds"],
              "summary": stats.summarize(t.user_attrs["eval_returns"])} for t in complete[:5]]
     # PED-ANOVA (Watanabe et al. 2023): which parameters set the top 10% of trials apart. Optuna's
@@ -461,13 +539,14 @@ def report(study: optuna.Study) -> dict:
     machines = sorted({t.user_attrs["machine"] for t in trials if "machine" in t.user_attrs})
     return {
         "study_name": study.study_name,
+        "script": script,
         "command": made["command"],
         "search_space": {name: optuna.distributions.distribution_to_json(dist)
-                         for name, dist in SEARCH_SPACE.items()},
-        "fixed": {name: ppo[name] for name in [*SEARCH_SPACE, "hidden_sizes"] if name in ppo},
+                         for name, dist in space.params.items()},
+        "fixed": {name: fixed[name] for name in [*space.params, "hidden_sizes"] if name in fixed},
         "settings": {**{name: settings[name] for name in ("num_seeds", "first_seed", "num_chunks",
                                                           "prune_from_chunk")},
-                     "total_timesteps": ppo["total_timesteps"],
+                     "total_timesteps": fixed["total_timesteps"],
                      "eval_episodes": settings["eval_episodes"],
                      "sampler": "TPE", "sampler_seed": made["sampler_seed"], "pruner": "median",
                      "machine": "; ".join(machines)},
@@ -488,14 +567,15 @@ def report(study: optuna.Study) -> dict:
 
 def main() -> None:
     args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
-    error = ppo_breakout.check_args(args.ppo) or find_search_error(args)
+    error = (tune.SCRIPTS[args.script].check_args(tune.settings(args))
+             or tune.find_group_error(args) or find_search_error(args))
     if error:
         fail(error)
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # this script prints its own progress lines
     storage = open_storage(args)
     study = open_study(args, storage)
-    startup.configure_compilation_cache(args.ppo.jax_cache_dir)
-    print(f"study {args.study_name!r}: {len(finished(study))} of {args.n_trials} trials finished",
+    startup.configure_compilation_cache(tune.settings(args).jax_cache_dir)
+    print(f"study {study.study_name!r}: {len(finished(study))} of {args.n_trials} trials finished",
           file=sys.stderr)
     run_worker(study, args, heartbeat=isinstance(storage, optuna.storages.RDBStorage))
     if args.out:
@@ -505,7 +585,7 @@ def main() -> None:
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if complete:
         print(f"best: trial {study.best_trial.number}, IQM {study.best_value:.2f}: "
-              f"{ppo_flags(study.best_trial.params)}", file=sys.stderr)
+              f"{harness_flags(study.best_trial.params, args.script)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

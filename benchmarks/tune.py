@@ -122,17 +122,26 @@ class SeedsResult(NamedTuple):
 
 
 def settings(args: Args):
-    """The Args of the script under test."""
+    """The Args of the script under test (of the harness's Args, or of search.py's)."""
     return getattr(args, GROUPS[args.script])
 
 
-def find_harness_error(args: Args) -> str | None:
-    """What is wrong with the harness's own arguments (the script's are the script's to check)."""
-    for script, group in GROUPS.items():  # a flag of the other script would silently do nothing
+def find_group_error(args: Args) -> str | None:
+    """A flag of the script not under test, which would silently do nothing, or None. `args` names
+    a script and holds a group of each script's settings: the harness's Args, or search.py's."""
+    for script, group in GROUPS.items():
         changed = changed_args(getattr(args, group))
         if script != args.script and changed:
             flag = next(iter(changed)).replace("_", "-")
             return f"--{group}.{flag} is a setting of {script}; give --script {script}"
+    return None
+
+
+def find_harness_error(args: Args) -> str | None:
+    """What is wrong with the harness's own arguments (the script's are the script's to check)."""
+    error = find_group_error(args)
+    if error:
+        return error
     if args.stability and args.script != "ppo_breakout":
         return "--stability records PPO's log-ratios: it needs --script ppo_breakout"
     for name in ("num_seeds", "eval_episodes", "num_chunks"):

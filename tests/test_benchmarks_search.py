@@ -4,6 +4,7 @@ study on a real PostgreSQL server (tests/postgres_server.py starts one): the exa
 per worker, the defaults once, a killed worker's trial retried, and bad database URLs."""
 
 import dataclasses
+import itertools
 import json
 import os
 import socket
@@ -14,10 +15,12 @@ import warnings
 
 import optuna
 import pytest
+import tyro
 from optuna.trial import TrialState
 
 import postgres_server
 from benchmarks import search
+from helpers import run_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEARCH = os.path.join(ROOT, "benchmarks", "search.py")
@@ -320,3 +323,114 @@ def test_a_bad_database_url_fails_fast_with_one_line(server, silent_port, monkey
     assert line.startswith("error: --storage postgresql") and message in line, line
     assert postgres_server.PASSWORD not in line and "wrong-password" not in line  # shown as ***
     assert seconds < 8  # the silent host: a connect timeout, not minutes
+
+
+# ---- PQN: --script pqn_minatar ----
+
+# Tiny trials: the rollout's shape, epochs and network held; the rest of PQN's space is searched.
+PQN_FIXED = ("num_envs", "num_steps", "update_epochs", "hidden_sizes", "conv_channels")
+PQN_TINY = ["--script", "pqn_minatar", "--pqn.total-timesteps", "8192", "--pqn.num-envs", "16",
+            "--pqn.update-epochs", "1", "--fixed", *PQN_FIXED,
+            "--num-seeds", "2", "--num-chunks", "2", "--eval-episodes", "4"]
+
+
+def test_pqns_space_holds_its_defaults_passes_its_check_and_gives_the_harness_flags():
+    space, pqn = search.SPACES["pqn_minatar"], search.pqn_minatar
+    assert set(space.params) - set(space.widths) <= {f.name for f in dataclasses.fields(pqn.Args)}
+    defaults = search.default_params(search.Args(script="pqn_minatar"))
+    for name, dist in space.params.items():
+        assert dist._contains(dist.to_internal_repr(defaults[name])), name
+    # Every rollout shape of the space, at its ends, splits into every minibatch count on two
+    # devices.
+    shapes = [space.params[name].choices for name in ("num_envs", "num_steps", "num_minibatches")]
+    ends = [{name: getattr(dist, end) for name, dist in space.params.items()
+             if not hasattr(dist, "choices")} for end in ("low", "high")]
+    for (num_envs, num_steps, num_minibatches), end in itertools.product(
+            itertools.product(*shapes), ends):
+        params = {**end, "num_envs": num_envs, "num_steps": num_steps,
+                  "num_minibatches": num_minibatches}
+        assert pqn.check_args(search.to_args(params, pqn.Args(num_devices=2))) is None, params
+    # The flags a report gives are the harness's: --script, then the --pqn group.
+    flags = search.harness_flags(defaults, "pqn_minatar")
+    assert flags.startswith("--script pqn_minatar --pqn.learning-rate 0.0005 ")
+    harness = tyro.cli(search.tune.Args, args=flags.split())
+    assert harness.script == "pqn_minatar" and search.tune.find_group_error(harness) is None
+    assert search.tune.settings(harness) == search.to_args(defaults, pqn.Args()) == pqn.Args()
+
+
+def test_a_tiny_pqn_study_runs_its_defaults_first_and_reports_pqn_flags(tmp_path, cache_dir):
+    storage = tmp_path / "study.db"
+    verbosity = optuna.logging.get_verbosity()
+    try:
+        finished = run_main(search, tmp_path, *PQN_TINY, "--storage", str(storage),
+                            "--n-trials", "2", "--sampler-seed", "0", "--out", "report.json",
+                            "--pqn.jax-cache-dir", cache_dir)
+    finally:
+        optuna.logging.set_verbosity(verbosity)  # main() quiets Optuna
+    assert finished.returncode == 0, finished.stderr
+    study = optuna.load_study(study_name="breakout-pqn", storage=f"sqlite:///{storage}")
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.COMPLETE]
+    first, second = (t.params for t in study.trials)
+    assert first == search.default_params(search.Args(script="pqn_minatar", fixed=PQN_FIXED))
+    assert (first["learning_rate"], first["q_lambda"], first["num_minibatches"]) == (5e-4, 0.65, 32)
+    assert second != first and set(second) == set(first)
+
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["script"] == "pqn_minatar" and report["study_name"] == "breakout-pqn"
+    assert set(report["search_space"]) == set(search.SPACES["pqn_minatar"].params)
+    assert report["fixed"]["num_envs"] == 16 and report["settings"]["total_timesteps"] == 8192
+    best = report["best"][0]
+    assert best["flags"] == search.harness_flags(best["params"], "pqn_minatar")
+    options = [token for token in best["flags"].split() if token.startswith("--")]
+    assert options[0] == "--script" and best["flags"].startswith("--script pqn_minatar ")
+    assert options[1:] and all(option.startswith("--pqn.") for option in options[1:])
+
+
+@pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # as search.py
+def test_a_study_refuses_a_worker_of_another_script(tmp_path, monkeypatch, capsys):
+    storage = str(tmp_path / "study.db")
+    pqn = search.Args(script="pqn_minatar", storage=storage)
+    made = search.open_study(pqn, search.open_storage(pqn))
+    assert made.study_name == "breakout-pqn"
+    assert search.open_study(pqn, search.open_storage(pqn)).user_attrs == made.user_attrs  # joined
+    status, stderr, _ = refusal(["--storage", storage, "--study-name", "breakout-pqn"],
+                                monkeypatch, capsys)
+    assert (status, stderr.strip().splitlines()) == (2, [
+        f"error: study 'breakout-pqn' in {storage} searches pqn_minatar, not ppo_breakout; give "
+        f"--script pqn_minatar or another --study-name"])
+
+    ppo = search.Args(storage=storage, study_name="shared")
+    study = search.open_study(ppo, search.open_storage(ppo))
+    refused = [f"error: study 'shared' in {storage} searches ppo_breakout, not pqn_minatar; give "
+               f"--script ppo_breakout or another --study-name"]
+    pqn_worker = ["--script", "pqn_minatar", "--storage", storage, "--study-name", "shared"]
+    status, stderr, _ = refusal(pqn_worker, monkeypatch, capsys)
+    assert (status, stderr.strip().splitlines()) == (2, refused)
+    # A study stored before --script existed searched PPO: PPO's workers join it, PQN's do not.
+    older = json.loads(json.dumps(study.user_attrs["search"]))
+    del older["settings"]["script"]
+    study.set_user_attr("search", older)
+    assert search.open_study(ppo, search.open_storage(ppo)).user_attrs["search"] == older
+    status, stderr, _ = refusal(pqn_worker, monkeypatch, capsys)
+    assert (status, stderr.strip().splitlines()) == (2, refused)
+    assert len(study.trials) == 1  # the defaults, waiting: no worker ran a trial
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--pqn.q-lambda", "0.8"],
+     "error: --pqn.q-lambda is a setting of pqn_minatar; give --script pqn_minatar"),
+    (["--script", "pqn_minatar", "--ppo.gae-lambda", "0.8"],
+     "error: --ppo.gae-lambda is a setting of ppo_breakout; give --script ppo_breakout"),
+    (["--script", "pqn_minatar", "--fixed", "q_lambda", "gae_lambda"],
+     "error: --fixed gae_lambda: not in the search space of pqn_minatar"),
+    (["--script", "pqn_minatar", "--pqn.q-lambda", "2"],
+     "error: --q-lambda must be in [0, 1], got 2.0"),
+])
+def test_a_search_refuses_flags_its_script_cannot_use(tmp_path, monkeypatch, capsys, flags,
+                                                      message):
+    status, stderr, _ = refusal(["--storage", str(tmp_path / "study.db"), *flags], monkeypatch,
+                                capsys)
+    assert status == 2
+    (line,) = stderr.strip().splitlines()
+    assert line.startswith(message)
+    assert os.listdir(tmp_path) == []

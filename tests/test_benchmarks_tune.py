@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from benchmarks import stats, tune
+from helpers import run_main
 
 TUNE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
                     "tune.py")
@@ -192,3 +193,106 @@ def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path, ca
     comparison = again["comparison"]
     assert comparison["iqm_difference"] == {"value": 0.0, "ci": [0.0, 0.0]}
     assert comparison["probability_of_improvement"]["value"] == 0.5
+
+
+# ---- PQN: --script pqn_minatar ----
+
+PQN_TINY = ["--script", "pqn_minatar", "--pqn.total-timesteps", "8192", "--pqn.num-envs", "16",
+            "--pqn.num-minibatches", "4", "--eval-episodes", "4", "--num-chunks", "2"]
+
+
+def pqn_tiny_args() -> tune.pqn_minatar.Args:
+    """PQN_TINY's settings, as train_seeds takes them."""
+    return tune.pqn_minatar.fill_runtime_fields(tune.pqn_minatar.Args(
+        total_timesteps=8192, num_envs=16, num_minibatches=4))
+
+
+@pytest.fixture(scope="module")
+def pqn_run(tmp_path_factory, cache_dir):
+    """The harness's main() on tiny PQN for seeds 1 and 2, in this process: (what it printed, the
+    JSON it wrote), for the PQN tests below."""
+    path = tmp_path_factory.mktemp("pqn")
+    finished = run_main(tune, path, *PQN_TINY, "--num-seeds", "2", "--out", "pqn.json",
+                        "--pqn.jax-cache-dir", cache_dir)
+    assert finished.returncode == 0, finished.stderr
+    return finished, json.loads((path / "pqn.json").read_text())
+
+
+def test_the_harness_trains_pqn_for_two_seeds_and_says_so(pqn_run):
+    finished, result = pqn_run
+    assert json.loads(finished.stdout) == result
+    assert "chunk  1/2" in finished.stderr and "chunk  2/2" in finished.stderr
+    assert (result["script"], result["policy"]) == ("pqn_minatar", "greedy")
+    assert "ppo_args" not in result and result["pqn_args"]["q_lambda"] == 0.65
+    assert result["changed_args"] == {"total_timesteps": 8192, "num_envs": 16,
+                                      "num_minibatches": 4}
+    assert result["seeds"] == [1, 2] and result["curve"]["steps"] == [4096, 8192]
+    # Breakout's returns count bricks: whole, finite, not negative; every seed ends episodes.
+    returns = np.array(result["eval_returns"] + result["eval_returns_minatar"])
+    assert returns.shape == (4,) and np.isfinite(returns).all() and (returns >= 0).all()
+    assert (np.array(result["curve"]["episodes"]) > 0).all()
+    assert (np.array(result["curve"]["return_sums"]) >= 0).all()
+
+
+def test_the_harness_scores_pqn_by_the_argmax_of_its_q_values():
+    cfg = pqn_tiny_args()
+    env, env_params = tune.pqn_minatar.make_env(cfg.env_id, cfg.sticky_action_prob)
+    network, _, _, policy, greedy = tune.build(cfg, env, env_params)
+    assert greedy and policy is network.apply  # PQN's own test protocol: argmax Q
+
+
+def test_a_pqn_seed_trains_the_same_beside_another_seed_as_alone(pqn_run):
+    _, together = pqn_run  # seeds 1 and 2, one on each device
+    alone = tune.train_seeds(pqn_tiny_args(), [2], eval_episodes=4, num_chunks=2, num_devices=1)
+    assert alone.eval_returns.tolist() == together["eval_returns"][1:]
+    assert alone.return_sums.tolist() == together["curve"]["return_sums"][1:]
+    assert alone.episodes.tolist() == together["curve"]["episodes"][1:]
+    # the seeds do differ
+    assert together["curve"]["return_sums"][0] != together["curve"]["return_sums"][1]
+
+
+def test_a_stopped_pqn_run_resumes_from_its_checkpoint_bit_for_bit(pqn_run, tmp_path):
+    _, whole = pqn_run
+    path = str(tmp_path / tune.CHECKPOINT)
+
+    class Stopped(Exception):
+        pass
+
+    def stop(*_):  # after the first chunk's checkpoint is written, as a pruned trial stops
+        raise Stopped()
+
+    with pytest.raises(Stopped):
+        tune.train_seeds(pqn_tiny_args(), [1, 2], 4, 2, on_chunk=stop, checkpoint_path=path)
+    chunks = []
+    resumed = tune.train_seeds(pqn_tiny_args(), [1, 2], 4, 2, checkpoint_path=path,
+                               on_chunk=lambda chunk, *_: chunks.append(chunk))
+    assert chunks == [1]  # the first chunk came from the checkpoint
+    assert resumed.eval_returns.tolist() == whole["eval_returns"]
+    assert resumed.return_sums.tolist() == whole["curve"]["return_sums"]
+    assert resumed.episodes.tolist() == whole["curve"]["episodes"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--script", "pqn_minatar", "--ppo.gae-lambda", "0.8"],
+     "error: --ppo.gae-lambda is a setting of ppo_breakout; give --script ppo_breakout"),
+    (["--pqn.q-lambda", "0.8"],
+     "error: --pqn.q-lambda is a setting of pqn_minatar; give --script pqn_minatar"),
+    (["--script", "pqn_minatar", "--stability"],
+     "error: --stability records PPO's log-ratios: it needs --script ppo_breakout"),
+    (["--script", "pqn_minatar", "--baseline", "ppo.json"],
+     "error: --baseline ppo.json is a result of another script, not pqn_minatar"),
+])
+def test_the_harness_refuses_what_the_script_under_test_cannot_use(tmp_path, monkeypatch, flags,
+                                                                   message):
+    def no_training(*_, **__):
+        raise AssertionError("the harness went on to train instead of refusing")
+
+    monkeypatch.setattr(tune, "train_seeds", no_training)
+    # A result without "script" was written before the harness trained PQN: a PPO result.
+    ppo_result = {"seeds": list(range(1, 9)), "eval_returns": [1.0] * 8}
+    (tmp_path / "ppo.json").write_text(json.dumps(ppo_result))
+    result = run_main(tune, tmp_path, *flags, "--out", "out.json")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [message]
+    assert result.stdout == ""
+    assert sorted(os.listdir(tmp_path)) == ["ppo.json"]
