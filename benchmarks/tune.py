@@ -177,7 +177,8 @@ def find_harness_error(args: Args) -> str | None:
 CHECKPOINT = "tune_checkpoint.safetensors"
 # The script arguments the harness does not use (--stability sets the diagnostics).
 NOT_USED = ("seed", "num_devices", "jax_cache_dir", "diagnostics", "eval_episodes", "exp_name",
-            "save_model", "load_model", "checkpoint_every", "resume")
+            "save_model", "load_model", "checkpoint_every", "resume",
+            "eval_epsilon")  # PQN's sampled policy: the harness scores it greedy
 
 
 def checkpoint_identity(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int,
@@ -423,7 +424,7 @@ def result_json(cfg, seeds: list[int], result: SeedsResult, eval_episodes: int,
         "policy": "greedy" if script == "pqn_minatar" else "sampled",
         "changed_args": changed_args(cfg),
         f"{GROUPS[script]}_args": {k: v for k, v in vars(cfg).items()
-                     if k not in ("seed", "num_devices", "jax_cache_dir")},
+                                   if k not in ("seed", "num_devices", "jax_cache_dir")},
         "seeds": seeds,
         "eval_episodes": eval_episodes,
         "eval_returns": [float(r) for r in result.eval_returns],
