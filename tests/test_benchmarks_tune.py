@@ -33,6 +33,22 @@ def run_harness(cwd, *flags):
                           text=True, timeout=300)
 
 
+def refusal(cwd, flags, monkeypatch, capsys) -> tuple[int, str, str]:
+    """tune.py's main() on `flags` in this process, run in `cwd`, for input it must refuse before
+    any training: (exit status, stdout, stderr). In-process, a case does not pay a new process's
+    imports (about 5 s); one test below checks a refusal from the shell."""
+    def no_training(*_, **__):
+        raise AssertionError("tune.py went on to train instead of refusing")
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", [TUNE, *TINY, *flags])
+    monkeypatch.setattr(tune, "train_seeds", no_training)
+    with pytest.raises(SystemExit) as exit_:
+        tune.main()
+    captured = capsys.readouterr()
+    return exit_.value.code, captured.out, captured.err
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--num-seeds", "0"], "error: --num-seeds must be positive, got 0"),
     (["--ppo.update-epochs", "0"], "error: --update-epochs must be positive, got 0"),
@@ -40,14 +56,23 @@ def run_harness(cwd, *flags):
     (["--baseline", "other_seeds.json"],
      "error: --baseline other_seeds.json has no result for seed 2"),
 ])
-def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, flags, message):
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, flags,
+                                                            message):
     other_seeds = {"seeds": [1, 3], "eval_returns": [1.0, 2.0]}
     (tmp_path / "other_seeds.json").write_text(json.dumps(other_seeds))
-    result = run_harness(tmp_path, "--out", "out.json", *flags)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [message]
-    assert result.stdout == ""
+    status, out, err = refusal(tmp_path, ["--out", "out.json", *flags], monkeypatch, capsys)
+    assert status == 2
+    assert err.strip().splitlines() == [message]
+    assert out == ""
     assert sorted(os.listdir(tmp_path)) == ["other_seeds.json"]
+
+
+def test_from_the_shell_bad_input_exits_2_with_one_line(tmp_path):
+    result = run_harness(tmp_path, "--out", "out.json", "--num-seeds", "0")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["error: --num-seeds must be positive, got 0"]
+    assert result.stdout == ""
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_killed_harness_run_resumes_from_its_last_chunk_bit_for_bit(tmp_path, cache_dir):
