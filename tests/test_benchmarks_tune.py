@@ -32,7 +32,7 @@ def run_harness(cwd, *flags):
 def run_in_process(cwd, *flags) -> Finished:
     """tune.main() in this process, as run_harness runs it (helpers.run_main): without a new
     process's imports, about 5 s a run."""
-    return run_main(tune, cwd, *TINY, *flags)
+    return run_main(tune, cwd, *TINY, *flags, timeout=300)
 
 
 def refusal(cwd, flags, monkeypatch, capsys) -> tuple[int, str, str]:
