@@ -7,6 +7,7 @@ import glob
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import typing
@@ -76,13 +77,21 @@ class Finished(typing.NamedTuple):
     stderr: str
 
 
-def run_main(script, cwd, *flags) -> Finished:
+def run_main(script, cwd, *flags, timeout: float | None = None) -> Finished:
     """`script.main()` (an imported script module) in this process, as `python SCRIPT FLAGS` run in
     `cwd`: what the script does, where a mutation-testing tool can see which test ran which
-    function (it cannot in a subprocess)."""
+    function (it cannot in a subprocess). With a `timeout` (seconds), a run still going then raises
+    TimeoutError, as subprocess.run's timeout would: a loop that never ends fails the test."""
     out, err = io.StringIO(), io.StringIO()
     old_cwd, old_argv = os.getcwd(), sys.argv
+
+    def ran_too_long(*_):
+        raise TimeoutError(f"{os.path.basename(script.__file__)} ran past {timeout} s")
+
+    old_alarm = signal.signal(signal.SIGALRM, ran_too_long) if timeout else None
     try:
+        if timeout:
+            signal.setitimer(signal.ITIMER_REAL, timeout)
         os.chdir(cwd)
         sys.argv = [os.path.basename(script.__file__), *flags]
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -92,6 +101,9 @@ def run_main(script, cwd, *flags) -> Finished:
             except SystemExit as exit_:
                 code = exit_.code or 0
     finally:
+        if timeout:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old_alarm)
         os.chdir(old_cwd)
         sys.argv = old_argv
     return Finished(code, out.getvalue(), err.getvalue())

@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 
 import postgres_server
 from benchmarks import search
-from helpers import run_main
+from helpers import Finished, run_main
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEARCH = os.path.join(ROOT, "benchmarks", "search.py")
@@ -31,14 +31,10 @@ TINY = ["--ppo.total-timesteps", "4096", "--ppo.num-envs", "16", "--ppo.num-step
         "--num-seeds", "2", "--num-chunks", "2", "--eval-episodes", "8"]
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("jax_cache"))
-
-
-def search_command(storage, cache_dir, *flags):
-    return [sys.executable, SEARCH, *TINY, "--storage", str(storage),
-            "--ppo.jax-cache-dir", cache_dir, *flags]
+def search_command(storage, *flags):
+    """`python SEARCH` on TINY trials, as a user runs it. Like the runs in this process, it uses the
+    script's default compilation cache: a setting compiled by one is loaded by the others."""
+    return [sys.executable, SEARCH, *TINY, "--storage", str(storage), *flags]
 
 
 def refusal(argv, monkeypatch, capsys) -> tuple[int, str, float]:
@@ -65,20 +61,29 @@ def load(storage) -> optuna.Study:
     return optuna.load_study(study_name="breakout-ppo", storage=f"sqlite:///{storage}")
 
 
-def test_search_runs_two_trials_and_resumes(tmp_path, cache_dir):
+def run_search(cwd, storage, *flags) -> Finished:
+    """search.py's main() on TINY trials in this process (helpers.run_main), as `python SEARCH`
+    runs in `cwd`: the trials without a new process's imports (about 5 s). It uses the script's
+    default compilation cache, as every other run in this process does."""
+    verbosity = optuna.logging.get_verbosity()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # as search.py
+            return run_main(search, cwd, *TINY, "--storage", str(storage), *flags, timeout=300)
+    finally:
+        optuna.logging.set_verbosity(verbosity)  # main() quiets Optuna
+
+
+def test_search_runs_two_trials_and_resumes(tmp_path):
     storage = tmp_path / "study.db"
-    first = subprocess.run(
-        search_command(storage, cache_dir, "--n-trials", "1", "--sampler-seed", "0"),
-        capture_output=True, text=True, timeout=300)
+    first = run_search(tmp_path, storage, "--n-trials", "1", "--sampler-seed", "0")
     assert first.returncode == 0, first.stderr
     (trial,) = load(storage).trials
     assert trial.state == TrialState.COMPLETE
     assert trial.params == search.default_params(search.Args(fixed=FIXED))  # the defaults go first
 
-    second = subprocess.run(
-        search_command(storage, cache_dir, "--n-trials", "2", "--sampler-seed", "0",
-                       "--out", str(tmp_path / "report.json")),
-        capture_output=True, text=True, timeout=300)
+    second = run_search(tmp_path, storage, "--n-trials", "2", "--sampler-seed", "0",
+                        "--out", str(tmp_path / "report.json"))
     assert second.returncode == 0, second.stderr
     assert "1 of 2 trials finished" in second.stderr
     trials = load(storage).trials
@@ -94,9 +99,9 @@ def test_search_runs_two_trials_and_resumes(tmp_path, cache_dir):
     assert report["best"][0]["flags"].startswith("--ppo.")
 
 
-def test_two_processes_share_a_journal_file(tmp_path, cache_dir):
+def test_two_processes_share_a_journal_file(tmp_path):
     storage = tmp_path / "study.journal"
-    command = search_command(storage, cache_dir, "--n-trials", "2", "--sampler-seed", "0")
+    command = search_command(storage, "--n-trials", "2", "--sampler-seed", "0")
     workers = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for _ in range(2)]
     for worker in workers:
@@ -175,11 +180,10 @@ def server():
         pytest.fail(f"the PostgreSQL server these tests need did not start: {e}")
 
 
-def test_three_workers_that_start_at_once_share_one_postgres_study_exactly(server, tmp_path,
-                                                                         cache_dir):
+def test_three_workers_that_start_at_once_share_one_postgres_study_exactly(server, tmp_path):
     url = server.create_database("three")
     workers = [subprocess.Popen(
-        search_command(url, cache_dir, "--n-trials", "3", "--sampler-seed", "0",
+        search_command(url, "--n-trials", "3", "--sampler-seed", "0",
                        "--heartbeat-interval", "1", "--out", str(tmp_path / f"{i}.json")),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
     for worker in workers:
@@ -203,12 +207,11 @@ def test_three_workers_that_start_at_once_share_one_postgres_study_exactly(serve
     assert postgres_server.PASSWORD not in report  # the command it records shows ***
 
 
-def test_a_study_made_with_other_settings_or_direction_is_refused(server, cache_dir, monkeypatch,
+def test_a_study_made_with_other_settings_or_direction_is_refused(server, tmp_path, monkeypatch,
                                                                  capsys):
     url = server.create_database("other")
     optuna.create_study(study_name="minimizing", storage=url, direction="minimize")
-    made = subprocess.run(search_command(url, cache_dir, "--n-trials", "1"), capture_output=True,
-                          text=True, timeout=300)
+    made = run_search(tmp_path, url, "--n-trials", "1")
     assert made.returncode == 0, made.stderr
     cases = [(["--study-name", "minimizing"], "has direction minimize, not maximize"),
              (["--num-seeds", "3"], "was made with other settings (num_seeds: 2 there, 3 here)"),
@@ -216,7 +219,7 @@ def test_a_study_made_with_other_settings_or_direction_is_refused(server, cache_
               "searched.width_1: unset there")]
     for flags, message in cases:
         status, stderr, seconds = refusal(
-            search_command(url, cache_dir, "--n-trials", "2", *flags)[2:], monkeypatch, capsys)
+            search_command(url, "--n-trials", "2", *flags)[2:], monkeypatch, capsys)
         assert status == 2, stderr
         (line,) = stderr.strip().splitlines()
         assert line.startswith("error: study ") and message in line, line
@@ -225,10 +228,10 @@ def test_a_study_made_with_other_settings_or_direction_is_refused(server, cache_
 
 
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # retried_trial_number
-def test_a_killed_workers_trial_is_finished_by_another(server, cache_dir):
+def test_a_killed_workers_trial_is_finished_by_another(server):
     url = server.create_database("killed")
     # Eight chunks of one iteration: the first worker is killed between two of them.
-    command = search_command(url, cache_dir, "--n-trials", "2", "--heartbeat-interval", "1",
+    command = search_command(url, "--n-trials", "2", "--heartbeat-interval", "1",
                              "--ppo.total-timesteps", "16384", "--num-chunks", "8")
     first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300

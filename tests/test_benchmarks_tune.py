@@ -4,7 +4,6 @@ run's seeds, and the harness run as a user runs it. Its statistics: test_benchma
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -14,7 +13,7 @@ import numpy as np
 import pytest
 
 from benchmarks import stats, tune
-from helpers import run_main
+from helpers import Finished, run_main
 
 TUNE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
                     "tune.py")
@@ -22,16 +21,34 @@ TINY = ["--ppo.total-timesteps", "4096", "--ppo.num-envs", "16", "--ppo.num-step
         "--ppo.num-minibatches", "4", "--ppo.update-epochs", "1", "--eval-episodes", "8"]
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    """One compilation cache for this module's runs: the second run of a setting loads its
-    programs."""
-    return str(tmp_path_factory.mktemp("jax_cache"))
-
-
 def run_harness(cwd, *flags):
+    """`python benchmarks/tune.py` on TINY and `flags` in `cwd`, as a user runs it. Like the runs
+    in this process, it uses the script's default compilation cache: a setting compiled by one is
+    loaded by the other."""
     return subprocess.run([sys.executable, TUNE, *TINY, *flags], cwd=cwd, capture_output=True,
                           text=True, timeout=300)
+
+
+def run_in_process(cwd, *flags) -> Finished:
+    """tune.main() in this process, as run_harness runs it (helpers.run_main): without a new
+    process's imports, about 5 s a run."""
+    return run_main(tune, cwd, *TINY, *flags, timeout=300)
+
+
+def refusal(cwd, flags, monkeypatch, capsys) -> tuple[int, str, str]:
+    """tune.py's main() on `flags` in this process, run in `cwd`, for input it must refuse before
+    any training: (exit status, stdout, stderr). In-process, a case does not pay a new process's
+    imports (about 5 s); one test below checks a refusal from the shell."""
+    def no_training(*_, **__):
+        raise AssertionError("tune.py went on to train instead of refusing")
+
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", [TUNE, *TINY, *flags])
+    monkeypatch.setattr(tune, "train_seeds", no_training)
+    with pytest.raises(SystemExit) as exit_:
+        tune.main()
+    captured = capsys.readouterr()
+    return exit_.value.code, captured.out, captured.err
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -41,51 +58,74 @@ def run_harness(cwd, *flags):
     (["--baseline", "other_seeds.json"],
      "error: --baseline other_seeds.json has no result for seed 2"),
 ])
-def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, flags, message):
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys, flags,
+                                                            message):
     other_seeds = {"seeds": [1, 3], "eval_returns": [1.0, 2.0]}
     (tmp_path / "other_seeds.json").write_text(json.dumps(other_seeds))
-    result = run_harness(tmp_path, "--out", "out.json", *flags)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [message]
-    assert result.stdout == ""
+    status, out, err = refusal(tmp_path, ["--out", "out.json", *flags], monkeypatch, capsys)
+    assert status == 2
+    assert err.strip().splitlines() == [message]
+    assert out == ""
     assert sorted(os.listdir(tmp_path)) == ["other_seeds.json"]
 
 
-def test_a_killed_harness_run_resumes_from_its_last_chunk_bit_for_bit(tmp_path, cache_dir):
-    flags = ["--num-seeds", "3", "--num-chunks", "4", "--ppo.total-timesteps", "8192",
-             "--stability", "--ppo.jax-cache-dir", cache_dir]
-    whole = run_harness(tmp_path, *flags)
+def test_from_the_shell_bad_input_exits_2_with_one_line(tmp_path):
+    result = run_harness(tmp_path, "--out", "out.json", "--num-seeds", "0")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == ["error: --num-seeds must be positive, got 0"]
+    assert result.stdout == ""
+    assert os.listdir(tmp_path) == []
+
+
+# Three seeds on two devices (one padding seed), in four chunks, with --stability's record.
+RESUMED = ["--num-seeds", "3", "--num-chunks", "4", "--ppo.total-timesteps", "8192", "--stability"]
+
+
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory) -> dict:
+    """The result of a RESUMED run never interrupted, shared by the tests of resuming and of the
+    stability record."""
+    whole = run_in_process(tmp_path_factory.mktemp("whole"), *RESUMED)
     assert whole.returncode == 0, whole.stderr
-    command = [sys.executable, TUNE, *TINY, *flags, "--checkpoint-dir", "saved"]
-    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    try:
-        for line in process.stderr:
-            if line.startswith("chunk  1/4"):  # the checkpoint of chunk 1 is on disk
-                break
-        process.send_signal(signal.SIGKILL)
-        process.communicate(timeout=60)
-    finally:
-        process.kill()
+    return json.loads(whole.stdout)
+
+
+class Killed(Exception):
+    """Stands for kill -9: the run stops where it is, and nothing after that point runs."""
+
+
+def test_a_killed_harness_run_resumes_from_its_last_chunk_bit_for_bit(tmp_path, whole_run,
+                                                                      monkeypatch):
+    print_progress = tune.print_progress
+
+    def killed_after_the_first_chunk(chunk, *args, **kwargs):
+        print_progress(chunk, *args, **kwargs)
+        if chunk == 0:  # the checkpoint of chunk 1 is on disk
+            raise Killed
+
+    with monkeypatch.context() as patch:
+        patch.setattr(tune, "print_progress", killed_after_the_first_chunk)
+        with pytest.raises(Killed):
+            run_in_process(tmp_path, *RESUMED, "--checkpoint-dir", "saved")
     checkpoint_file = tmp_path / "saved" / tune.CHECKPOINT
     saved = checkpoint_file.read_bytes()
 
     # Another setting in the same directory is refused, and the checkpoint is left as it was.
-    other = run_harness(tmp_path, *flags, "--checkpoint-dir", "saved",
-                        "--ppo.learning-rate", "0.001")
+    other = run_in_process(tmp_path, *RESUMED, "--checkpoint-dir", "saved",
+                           "--ppo.learning-rate", "0.001")
     assert other.returncode == 2 and other.stderr.strip().splitlines() == [
         f"error: saved/{tune.CHECKPOINT} is of a run with --ppo.learning-rate 0.005, not 0.001; "
         f"give another --checkpoint-dir or remove it"]
     assert checkpoint_file.read_bytes() == saved
 
     # The same command again resumes.
-    resumed = run_harness(tmp_path, *flags, "--checkpoint-dir", "saved")
+    resumed = run_in_process(tmp_path, *RESUMED, "--checkpoint-dir", "saved")
     assert resumed.returncode == 0, resumed.stderr
     assert "chunk  1/4" not in resumed.stderr and "chunk  4/4" in resumed.stderr
-    first, again = json.loads(whole.stdout), json.loads(resumed.stdout)
+    again = json.loads(resumed.stdout)
     for key in ("seeds", "eval_returns", "curve", "summary", "pooled_curve", "changed_args",
                 "stability"):
-        assert again[key] == first[key], key
+        assert again[key] == whole_run[key], key
 
 
 def test_a_seed_trains_the_same_beside_any_seeds_on_any_number_of_devices():
@@ -123,19 +163,15 @@ def test_the_harness_builds_the_network_its_settings_describe(monkeypatch):
 
 
 def test_stability_records_the_logit_gap_the_log_ratio_and_a_seed_gone_non_finite(tmp_path,
-                                                                                   cache_dir):
+                                                                                   whole_run):
     # The defaults stay finite with a modest logit gap; Adam steps of 1e30 overflow every seed.
-    ordinary = run_harness(tmp_path, "--num-seeds", "2", "--num-chunks", "2", "--stability",
-                           "--quiet", "--ppo.jax-cache-dir", cache_dir)
-    assert ordinary.returncode == 0, ordinary.stderr
-    stability = json.loads(ordinary.stdout)["stability"]
-    assert stability["non_finite"] == [False, False]
-    for seed in range(2):
+    stability = whole_run["stability"]
+    assert stability["non_finite"] == [False, False, False]
+    for seed in range(3):
         assert 0 < stability["logit_gap_max"][seed] < 50
         assert stability["log_ratio_min"][seed] < 0 < stability["log_ratio_max"][seed]
-    exploding = run_harness(tmp_path, "--num-seeds", "2", "--num-chunks", "2", "--stability",
-                            "--quiet", "--ppo.learning-rate", "1e30", "--ppo.no-anneal-lr",
-                            "--ppo.jax-cache-dir", cache_dir)
+    exploding = run_in_process(tmp_path, "--num-seeds", "2", "--num-chunks", "2", "--stability",
+                               "--quiet", "--ppo.learning-rate", "1e30", "--ppo.no-anneal-lr")
     assert exploding.returncode == 0, exploding.stderr
     assert json.loads(exploding.stdout)["stability"]["non_finite"] == [True, True]
 
@@ -152,9 +188,8 @@ def test_a_baseline_is_compared_on_this_runs_seeds_only():
     assert out["comparison"]["mean_difference"]["value"] == pytest.approx((30 + 40 - 25 - 35) / 2)
 
 
-def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path, cache_dir):
-    first = run_harness(tmp_path, "--num-seeds", "3", "--num-chunks", "2", "--out", "a.json",
-                        "--ppo.jax-cache-dir", cache_dir)
+def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path):
+    first = run_harness(tmp_path, "--num-seeds", "3", "--num-chunks", "2", "--out", "a.json")
     assert first.returncode == 0, first.stderr
     result = json.loads((tmp_path / "a.json").read_text())
     assert json.loads(first.stdout) == result
@@ -183,8 +218,8 @@ def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path, ca
 
     # The same setting on the same seeds again, against the first run: identical returns, so the
     # differences are 0 and a run of either is as likely to be the better one.
-    second = run_harness(tmp_path, "--num-seeds", "3", "--num-chunks", "2", "--baseline", "a.json",
-                         "--quiet", "--ppo.jax-cache-dir", cache_dir)
+    second = run_in_process(tmp_path, "--num-seeds", "3", "--num-chunks", "2", "--baseline",
+                            "a.json", "--quiet")
 
     assert second.returncode == 0, second.stderr
     assert second.stderr == ""  # --quiet

@@ -36,7 +36,7 @@ from helpers import (
     run_script,
     tiny_network_params,
 )
-from utils import diagnostics, files
+from utils import diagnostics, evaluation, files
 from utils import model as model_file
 from utils.evaluation import evaluate
 
@@ -167,8 +167,15 @@ SMOKE = ["--total-timesteps", "512", "--num-envs", "8", "--num-steps", "32",
          "--no-diagnostics"]
 
 
+# MinAtar's protocol stops an endless episode at the safety bound, 100k steps: an untrained
+# Seaquest submarine reaches it (a minute of play). Lowered here, still past gymnax's 1000 steps
+# and Freeway's own 2501.
+SMOKE_SAFETY_BOUND = 3000
+
+
 @pytest.mark.parametrize("env_id", [*GAMES, "CartPole-v1"])
-def test_each_game_trains_evaluates_and_is_drawn(env_id, tmp_path):
+def test_each_game_trains_evaluates_and_is_drawn(env_id, tmp_path, monkeypatch):
+    monkeypatch.setattr(evaluation, "SAFETY_BOUND", SMOKE_SAFETY_BOUND)
     result = run_in_process(tmp_path, "--env-id", env_id, *SMOKE)
     assert result.returncode == 0, result.stderr
     run_dir = only_run_dir(tmp_path)
@@ -181,7 +188,15 @@ def test_each_game_trains_evaluates_and_is_drawn(env_id, tmp_path):
     assert summary["args"]["conv_channels"] == (8 if grid else 0)
     for protocol in (summary["eval"], summary["eval"]["sticky_0.1"]):
         assert np.isfinite(protocol["sampled"]["mean"]) and np.isfinite(protocol["greedy"]["mean"])
-    assert summary["eval"]["sticky_0.1"]["sampled"]["safety_bound_episodes"] >= 0
+    # The episodes the safety bound stopped are counted: none if all ended before it, all if none
+    # did (4 episodes: their shortest and longest lengths are the quartiles' ends).
+    for mode in ("sampled", "greedy"):
+        numbers = summary["eval"]["sticky_0.1"][mode]
+        shortest, *_, longest = numbers["length_quartiles"]
+        stopped = numbers["safety_bound_episodes"]
+        assert longest <= SMOKE_SAFETY_BOUND and 0 <= stopped <= 4, (mode, numbers)
+        assert (stopped == 0) == (longest < SMOKE_SAFETY_BOUND), (mode, numbers)
+        assert (stopped == 4) == (shortest == SMOKE_SAFETY_BOUND), (mode, numbers)
     assert os.path.exists(os.path.join(run_dir, "play.gif")) == grid  # the GIF draws grids too
     assert os.path.exists(os.path.join(run_dir, "behaviour.png"))
 
