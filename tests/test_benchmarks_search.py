@@ -361,13 +361,12 @@ def test_pqns_space_holds_its_defaults_passes_its_check_and_gives_the_harness_fl
     assert search.tune.settings(harness) == search.to_args(defaults, pqn.Args()) == pqn.Args()
 
 
-def test_a_tiny_pqn_study_runs_its_defaults_first_and_reports_pqn_flags(tmp_path, cache_dir):
+def test_a_tiny_pqn_study_runs_its_defaults_first_and_reports_pqn_flags(tmp_path):
     storage = tmp_path / "study.db"
     verbosity = optuna.logging.get_verbosity()
     try:
         finished = run_main(search, tmp_path, *PQN_TINY, "--storage", str(storage),
-                            "--n-trials", "2", "--sampler-seed", "0", "--out", "report.json",
-                            "--pqn.jax-cache-dir", cache_dir)
+                            "--n-trials", "2", "--sampler-seed", "0", "--out", "report.json")
     finally:
         optuna.logging.set_verbosity(verbosity)  # main() quiets Optuna
     assert finished.returncode == 0, finished.stderr

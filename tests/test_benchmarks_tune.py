@@ -243,12 +243,11 @@ def pqn_tiny_args() -> tune.pqn_minatar.Args:
 
 
 @pytest.fixture(scope="module")
-def pqn_run(tmp_path_factory, cache_dir):
+def pqn_run(tmp_path_factory):
     """The harness's main() on tiny PQN for seeds 1 and 2, in this process: (what it printed, the
     JSON it wrote), for the PQN tests below."""
     path = tmp_path_factory.mktemp("pqn")
-    finished = run_main(tune, path, *PQN_TINY, "--num-seeds", "2", "--out", "pqn.json",
-                        "--pqn.jax-cache-dir", cache_dir)
+    finished = run_main(tune, path, *PQN_TINY, "--num-seeds", "2", "--out", "pqn.json")
     assert finished.returncode == 0, finished.stderr
     return finished, json.loads((path / "pqn.json").read_text())
 
