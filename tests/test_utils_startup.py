@@ -10,10 +10,6 @@ import jax
 from utils import startup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# CartPole: the script's programs compile in about three quarters of Breakout's time.
-TINY = ["--env-id", "CartPole-v1", "--total-timesteps", "512", "--num-envs", "8", "--num-steps",
-        "32", "--num-minibatches", "2", "--update-epochs", "1", "--eval-episodes", "4",
-        "--no-diagnostics", "--checkpoint-every", "0", "--no-save-model"]
 # What benchmarks/search.py did before every entry point shared startup's cache: JAX's cache with
 # no cap, whose entries have no access-time file.
 UNCAPPED = ("import jax; jax.config.update('jax_compilation_cache_dir', {!r}); "
@@ -37,15 +33,19 @@ def test_entries_without_an_access_time_get_the_oldest_one(tmp_path):
     assert (tmp_path / "kept-atime").read_bytes() == (5).to_bytes(8, "little")
 
 
-def test_after_an_uncapped_program_the_script_warns_nothing_and_reruns_from_the_cache(tmp_path):
+def test_after_an_uncapped_program_the_script_warns_nothing_and_reruns_from_the_cache(tiny_run,
+                                                                                    tmp_path):
     cache = tmp_path / "cache"
     subprocess.run([sys.executable, "-c", UNCAPPED.format(str(cache))], check=True, cwd=tmp_path)
     assert list(cache.glob("*-cache")) and not list(cache.glob("*-atime"))
+    # The tiny run's model evaluated: the script's start-up, its cache and its compiled programs,
+    # without the training's (which would cost three times the compiling).
+    model = os.path.join(tiny_run[1], "model.safetensors")
     entries = []
     for _ in range(2):
-        run = subprocess.run([sys.executable, os.path.join(ROOT, "ppo_breakout.py"), *TINY,
-                              "--jax-cache-dir", str(cache)], cwd=tmp_path, capture_output=True,
-                             text=True, timeout=600)
+        run = subprocess.run([sys.executable, os.path.join(ROOT, "ppo_breakout.py"), "--load-model",
+                              model, "--eval-episodes", "4", "--jax-cache-dir", str(cache)],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stderr
         assert "compilation cache" not in run.stderr
         entries.append(sorted(path.name for path in cache.glob("*-cache")))
