@@ -1,7 +1,8 @@
 """Training speed of pqn_minatar.py against purejaxql's PQN for MinAtar (mttga/purejaxql), side by
 side on one machine: pqn_minatar.py at each --num-devices, and purejaxql's own code under its own
 pinned packages, at the same --total-timesteps with the same configuration (its MinAtar config,
-which pqn_minatar.py's defaults are).
+which pqn_minatar.py's defaults are). This project's PPO (ppo_breakout.py, its defaults) runs in
+the same rounds on the same game and steps, so PQN's speed and whole-run time stand beside PPO's.
 
 Each round runs every version once, in turn (common.alternate), so slow drifts of the machine hit
 them alike; a first, unrecorded round runs pqn_minatar.py alone to fill its compilation cache
@@ -46,6 +47,7 @@ from benchmarks import common, purejaxql_pqn  # noqa: E402
 from benchmarks.common import ROOT, fail  # noqa: E402
 
 SCRIPT = "pqn_minatar.py"
+PPO = "ppo_breakout.py"
 DRIVER = os.path.join(ROOT, "benchmarks", "purejaxql_pqn.py")
 PUREJAXQL = "purejaxql"  # the reference version's label
 ROLLOUT = 128 * 32  # environments x steps of one iteration, both sides (purejaxql's MinAtar config)
@@ -71,8 +73,10 @@ class Args:
     """the MinAtar game, both sides"""
     num_devices: tuple[int, ...] = (2, 1)
     """pqn_minatar.py's --num-devices, one version each"""
+    ppo_devices: tuple[int, ...] = (2,)
+    """ppo_breakout.py's --num-devices, one version each (none: PPO does not run)"""
     flags: str = "--seed 1 --exp-name speed"
-    """pqn_minatar.py's other flags, as one string"""
+    """pqn_minatar.py's other flags, as one string (ppo_breakout.py gets them too)"""
     rounds: int = 3
     """recorded rounds (after one warm-up run of each pqn_minatar.py version)"""
     target: float = 5.0
@@ -81,8 +85,8 @@ class Args:
     """write the report here as JSON"""
 
 
-def label(devices: int) -> str:
-    return f"{SCRIPT}, {devices} device{'s' if devices > 1 else ''}"
+def label(devices: int, script: str = SCRIPT) -> str:
+    return f"{script}, {devices} device{'s' if devices > 1 else ''}"
 
 
 def our_flags(args: Args) -> list[str]:
@@ -92,9 +96,12 @@ def our_flags(args: Args) -> list[str]:
 
 
 def commands(args: Args) -> dict[str, list[str]]:
-    """The command of each version by its label: pqn_minatar.py per device count, then purejaxql."""
-    ours = {label(d): common.script_command(SCRIPT, [*our_flags(args), "--num-devices", str(d)])
-            for d in args.num_devices}
+    """The command of each version by its label: pqn_minatar.py per device count, ppo_breakout.py
+    per device count, then purejaxql."""
+    ours = {label(d, script): common.script_command(script, [*our_flags(args), "--num-devices",
+                                                             str(d)])
+            for script, counts in ((SCRIPT, args.num_devices), (PPO, args.ppo_devices))
+            for d in counts}
     return ours | {PUREJAXQL: [args.python, DRIVER, "--repo", args.purejaxql, "--env-id",
                                args.env_id, "--total-timesteps", str(args.total_timesteps)]}
 
@@ -121,6 +128,19 @@ def verdict(name: str, ratios: dict, target: float) -> str:
             f"{high:.2f} over {over}); target {target:g}x {held}")
 
 
+def against_ppo(name: str, rounds: list[dict[str, dict]], devices: int) -> tuple[dict, str] | None:
+    """PQN version `name`'s training SPS and whole-run wall time over PPO's on as many devices, per
+    round, with a line saying so; None where PPO did not run on that many."""
+    ppo = label(devices, PPO)
+    if ppo not in rounds[0]:
+        return None
+    sps = common.round_ratios(rounds, name, ppo)
+    wall = common.round_ratios(rounds, name, ppo, "wall_seconds")
+    return {"sps": sps, "wall_seconds": wall}, (
+        f"{name}: training SPS {sps['median']:.2f}x {PPO}'s on as many devices, whole run "
+        f"{wall['median']:.2f}x its wall time (medians over {len(rounds)} rounds)")
+
+
 def check_args(args: Args) -> None:
     if args.rounds < 1:
         fail(f"--rounds must be positive, got {args.rounds}")
@@ -129,6 +149,8 @@ def check_args(args: Args) -> None:
              "steps)")
     if not args.num_devices or min(args.num_devices) < 1:
         fail(f"--num-devices must name positive counts, got {list(args.num_devices)}")
+    if args.ppo_devices and min(args.ppo_devices) < 1:
+        fail(f"--ppo-devices must name positive counts, got {list(args.ppo_devices)}")
     if not os.path.isfile(os.path.join(args.purejaxql, "purejaxql", "pqn_minatar.py")):
         fail(f"--purejaxql {args.purejaxql!r}: not a checkout of mttga/purejaxql (no "
              "purejaxql/pqn_minatar.py in it)")
@@ -151,20 +173,26 @@ def main() -> None:
                     for name, command in commands(args).items()}
         ours = [name for name in versions if name != PUREJAXQL]
         rounds = common.alternate(versions, args.rounds, warm_up=ours)
-    ratios = {name: common.round_ratios(rounds, name, PUREJAXQL) for name in ours}
+    pqn = {d: label(d) for d in args.num_devices}
+    ratios = {name: common.round_ratios(rounds, name, PUREJAXQL) for name in pqn.values()}
+    beside_ppo = {pqn[d]: against_ppo(pqn[d], rounds, d) for d in args.num_devices}
+    beside_ppo = {name: found for name, found in beside_ppo.items() if found is not None}
     theirs = summaries[PUREJAXQL]
     report = common.new_report(
         shlex.join(["python", SCRIPT, *our_flags(args), "--num-devices", "DEVICES"]),
         commands={name: shlex.join(command) for name, command in commands(args).items()},
         env_id=args.env_id, total_timesteps=args.total_timesteps, measured=MEASURED,
         versions=list(versions), rounds=rounds, ratios=ratios, target=args.target,
+        over_ppo={name: found[0] for name, found in beside_ppo.items()},
         ours={"commit": purejaxql_pqn.commit(ROOT),
               "packages": {p: importlib.metadata.version(p) for p in OUR_PACKAGES}},
         purejaxql={k: theirs[k] for k in ("purejaxql_commit", "overrides", "devices", "config",
                                           "packages")})
     common.write_report(report, args.out, echo=False)
-    for name in ours:
+    for name in pqn.values():
         print(verdict(name, ratios[name], args.target))
+    for _, line in beside_ppo.values():
+        print(line)
 
 
 if __name__ == "__main__":

@@ -16,12 +16,17 @@ def test_both_sides_train_the_same_game_for_the_same_steps():
     args = pqn_speed.Args(purejaxql="/src/purejaxql", python="/venv/bin/python",
                           total_timesteps=100_000, num_devices=(2, 1), flags="--seed 3")
     found = pqn_speed.commands(args)
-    assert list(found) == ["pqn_minatar.py, 2 devices", "pqn_minatar.py, 1 device", "purejaxql"]
+    assert list(found) == ["pqn_minatar.py, 2 devices", "pqn_minatar.py, 1 device",
+                           "ppo_breakout.py, 2 devices", "purejaxql"]
     script = os.path.join(ROOT, "pqn_minatar.py")
     same = ["--env-id", "Breakout-MinAtar", "--total-timesteps", "100000"]
     assert found["pqn_minatar.py, 2 devices"] == [sys.executable, script, "--seed", "3", *same,
                                                   "--num-devices", "2"]
     assert found["pqn_minatar.py, 1 device"][-2:] == ["--num-devices", "1"]
+    # PPO beside them: the same game, steps and flags, its own script.
+    assert found["ppo_breakout.py, 2 devices"] == [
+        sys.executable, os.path.join(ROOT, "ppo_breakout.py"), "--seed", "3", *same,
+        "--num-devices", "2"]
     driver = os.path.join(ROOT, "benchmarks", "purejaxql_pqn.py")
     assert found["purejaxql"] == ["/venv/bin/python", driver, "--repo", "/src/purejaxql", *same]
 
@@ -39,6 +44,21 @@ def test_the_verdict_gives_median_range_and_the_rounds_that_missed(per_round, he
                     f"{high:.2f} over 3 rounds); target 5x {held}")
 
 
+def test_pqn_stands_beside_ppo_on_as_many_devices_round_by_round():
+    def round_of(pqn_sps, pqn_wall, ppo_sps, ppo_wall):
+        return {"pqn_minatar.py, 2 devices": {"sps": pqn_sps, "wall_seconds": pqn_wall},
+                "pqn_minatar.py, 1 device": {"sps": 1.0, "wall_seconds": 1.0},
+                "ppo_breakout.py, 2 devices": {"sps": ppo_sps, "wall_seconds": ppo_wall}}
+    rounds = [round_of(16.0, 90.0, 20.0, 60.0), round_of(15.0, 100.0, 25.0, 50.0),
+              round_of(18.0, 80.0, 20.0, 40.0)]
+    ratios, line = pqn_speed.against_ppo("pqn_minatar.py, 2 devices", rounds, 2)
+    assert ratios["sps"]["per_round"] == [0.8, 0.6, 0.9] and ratios["sps"]["median"] == 0.8
+    assert ratios["wall_seconds"]["per_round"] == [1.5, 2.0, 2.0]
+    assert line == ("pqn_minatar.py, 2 devices: training SPS 0.80x ppo_breakout.py's on as many "
+                    "devices, whole run 2.00x its wall time (medians over 3 rounds)")
+    assert pqn_speed.against_ppo("pqn_minatar.py, 1 device", rounds, 1) is None  # no PPO on 1
+
+
 @pytest.fixture
 def checkout(tmp_path):
     """A directory shaped like purejaxql's checkout (nothing in it runs)."""
@@ -52,6 +72,7 @@ def checkout(tmp_path):
     (["--total-timesteps", "4095"], "--total-timesteps 4095 is less than one iteration (4096 "
      "steps)"),
     (["--num-devices", "2", "0"], "--num-devices must name positive counts, got [2, 0]"),
+    (["--ppo-devices", "0"], "--ppo-devices must name positive counts, got [0]"),
     (["--purejaxql", "{missing}"], "--purejaxql '{missing}': not a checkout of mttga/purejaxql "
      "(no purejaxql/pqn_minatar.py in it)"),
     (["--python", "{missing}"], "--python '{missing}': not an executable file"),
