@@ -8,9 +8,10 @@ iteration: a `lax.scan` rollout of vmapped environments, Peng's Q(lambda) target
 the squared TD error. The Python loop around it only logs; at the end the final Q-network is
 evaluated (greedy and epsilon-greedy), drawn and saved.
 
-Read it top to bottom: arguments, network, rollout, Q(lambda) targets, loss, update, metrics, then
-`main` and its training loop. What every script shares (the environment wrapper, checkpoints,
-logging, model files, evaluation, pictures) is in utils/.
+Read it top to bottom: arguments, network, rollout, Q(lambda) targets, loss, update, metrics, the
+data-parallel iteration and the argument checks, then `main` and its training loop. What every
+script shares (the environment wrapper, checkpoints, logging, model files, evaluation, pictures) is
+in utils/.
 
 Run:  python pqn_minatar.py --total-timesteps 1000000
 Docs: docs/pqn_minatar.md
@@ -86,13 +87,13 @@ class Args:
     """probability that the game repeats its previous action in training, as in MinAtar (0 for
     gymnax's games as they are)"""
     eval_epsilon: float = 0.05
-    """epsilon of the "sampled" final evaluation (the "greedy" one takes argmax Q): 0.05, the
-    evaluation epsilon of Nature's DQN and of CleanRL's DQN evaluation, and epsilon_end"""
+    """epsilon of the "sampled" final evaluation; the "greedy" one takes argmax Q. 0.05 is the
+    evaluation epsilon of Nature's DQN and CleanRL's DQN, and equals epsilon_end"""
     eval_episodes: int = 256
     """the number of complete episodes the final policy is evaluated on, per protocol and policy"""
     num_devices: int = 0
-    """devices the environments are split across (0: two, or one where JAX has one or the batch
-    does not split in two); a seed replays the same run only with the same count"""
+    """devices the environments are split across (0: two where JAX has two or more and the batch
+    splits in two, else one); a seed replays the same run only with the same count"""
     jax_cache_dir: str = "~/.cache/jax-pqn"
     """JAX's persistent compilation cache, so that a rerun skips compiling ("" turns it off)"""
     save_model: bool = True
@@ -139,6 +140,7 @@ def q_network(obs: jax.Array, num_actions: int, hidden_sizes: tuple[int, ...], l
 
 def make_network(num_actions: int, hidden_sizes: tuple[int, ...], layer_norm: bool,
                  conv_channels: int = 0) -> hk.Transformed:
+    """q_network as a pure (init, apply) pair; it draws no random numbers when applied."""
     return hk.without_apply_rng(hk.transform(functools.partial(
         q_network, num_actions=num_actions, hidden_sizes=hidden_sizes, layer_norm=layer_norm,
         conv_channels=conv_channels)))
@@ -178,6 +180,13 @@ class Batch(NamedTuple):
     obs: jax.Array
     action: jax.Array
     target: jax.Array  # the Q(lambda) return of (obs, action)
+
+
+class Iteration(NamedTuple):
+    """What an iteration's metrics are computed from."""
+    traj: Transition  # the rollout, (num_steps, num_envs, ...)
+    infos: dict[str, jax.Array]  # each gradient step's terms, (update_epochs, num_minibatches)
+    epsilon: jax.Array  # the rollout's epsilon
 
 
 # --------------------------------------------------------------------------------------------------
@@ -263,6 +272,8 @@ def epsilon_schedule(args: Args) -> optax.Schedule:
 
 def init_runner(key: jax.Array, env, env_params, network: hk.Transformed,
                 optimizer: optax.GradientTransformation, num_envs: int) -> RunnerState:
+    """The state before the first iteration: environments reset, network and optimizer
+    initialised, episode counters at zero."""
     key, init_key, reset_key = jax.random.split(key, 3)
     reset_keys = jax.random.split(reset_key, num_envs)
     obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(reset_keys, env_params)
@@ -271,13 +282,6 @@ def init_runner(key: jax.Array, env, env_params, network: hk.Transformed,
                        env_state=env_state, obs=obs, episode_return=jnp.zeros(num_envs),
                        episode_length=jnp.zeros(num_envs, jnp.int32),
                        iteration=jnp.zeros((), jnp.int32), key=key)
-
-
-class Iteration(NamedTuple):
-    """What an iteration's metrics are computed from."""
-    traj: Transition  # the rollout, (num_steps, num_envs, ...)
-    infos: dict[str, jax.Array]  # each gradient step's terms, (update_epochs, num_minibatches)
-    epsilon: jax.Array  # the rollout's epsilon
 
 
 def update_minibatch(train_state: TrainState, mb: Batch, network: hk.Transformed,
@@ -334,8 +338,9 @@ def make_pqn_iteration(args: Args, env, env_params, network: hk.Transformed,
 
 def make_update_step(args: Args, env, env_params, network: hk.Transformed,
                      optimizer: optax.GradientTransformation):
-    """One PQN iteration and its metrics, on one device (the tuning harness runs it per seed); the
-    caller jits it."""
+    """One PQN iteration and its metrics on one device, for the caller to jit: what the many-seed
+    harness (benchmarks/tune.py) trains each seed with. `main` runs the data-parallel version
+    below, which is this iteration on each device's share of the environments."""
     pqn_iteration = make_pqn_iteration(args, env, env_params, network, optimizer)
 
     def update_step(runner: RunnerState) -> tuple[RunnerState, dict[str, jax.Array]]:
@@ -356,7 +361,8 @@ def episode_metrics(traj: Transition) -> dict[str, jax.Array]:
 
 
 def all_finite(params: hk.Params, losses: dict[str, jax.Array]) -> jax.Array:
-    """One flag for the host's non-finite guard: every parameter and loss term."""
+    """One flag for the training loop's check that training is still finite: every parameter and
+    loss term."""
     leaves = jax.tree.leaves(params) + list(losses.values())
     return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves]))
 
@@ -374,14 +380,15 @@ def iteration_metrics(iteration: Iteration, train_state: TrainState) -> dict[str
 
 
 def iteration_scalars(metrics: dict) -> dict[str, float]:
-    """The iteration's TensorBoard scalars, besides charts/SPS and the episodes' (the run's
-    bookkeeping logs those)."""
+    """The iteration's TensorBoard scalars, besides charts/SPS and the episodes' (utils/training.py
+    logs those for every script)."""
     return {"losses/td_loss": metrics["td_loss"], "losses/q_values": metrics["q_values"],
             "charts/epsilon": metrics["epsilon"], "charts/learning_rate": metrics["learning_rate"]}
 
 
 def first_non_finite(metrics: dict) -> str:
-    """What the non-finite guard names: a loss term, else the parameters."""
+    """What the training loop names when training stops being finite: a loss term, else the
+    parameters."""
     bad = [f"losses/{name}" for name in ("td_loss", "q_values") if not np.isfinite(metrics[name])]
     return (bad + ["the parameters"])[0]
 

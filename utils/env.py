@@ -26,8 +26,12 @@ class StickyState:
 class StickyActions(GymnaxWrapper):
     """MinAtar's sticky actions (Young & Tian 2019): with probability `sticky_action_prob` the game
     repeats the action it executed last, carried over into the next episode as in MinAtar. The
-    probability is traced (one compiled evaluation serves both protocols) and the draw has its own
-    key, so at probability 0 the game sees exactly the keys it sees unwrapped."""
+    probability is traced (one compiled evaluation serves both protocols) and the game is stepped
+    with the key it would get unwrapped, so at probability 0 it plays exactly as unwrapped.
+
+    The draw's key, fold_in(key, 1), is under JAX's default PRNG the same key as split(key)[1],
+    the one gymnax resets an ended episode with: the repeat drawn on an episode's last step and the
+    next episode's random start share their bits. Every recorded result was made with this draw."""
 
     def reset(self, key: jax.Array, params: StickyParams):
         obs, env_state = self._env.reset(key, params.env_params)

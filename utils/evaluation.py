@@ -11,7 +11,7 @@ observation (before the auto-reset), whether it terminated, a fingerprint of its
 sequence (equal fingerprints: the same episode), and the first `record_steps` frames of the first
 `num_recorded` episodes.
 
-`make_evaluate_pair` compiles ppo_breakout.py's final evaluations, both protocols and both policies,
+`make_evaluate_pair` compiles a script's final evaluations, both protocols and both policies,
 into one program that plays them two at a time; `compile_final_evaluation` names the pairs.
 """
 
@@ -155,7 +155,7 @@ PROTOCOLS = ("gymnax", "minatar")
 
 
 def protocol_params(env_id: str, env_params: Any, protocol: str) -> Any:
-    """`env_params` (ppo_breakout.StickyParams) set to play under `protocol`."""
+    """`env_params` (utils.env.StickyParams) set to play under `protocol`."""
     if protocol == "gymnax":
         return env_params.replace(sticky_action_prob=0.0)
     own_limit = env_params.env_params.max_steps_in_episode  # other environments keep their own
@@ -180,7 +180,7 @@ def make_evaluate_pair(env: Any, env_id: str, env_params: Any, policy_apply: Cal
     """A program that plays the `pair`-th of EVALUATION_PAIRS, split over up to two devices, each
     evaluation with the same key, so each gives the numbers it gives alone. Compiled once and called
     per pair, so the host can read the first pair while the second plays. `env_params` must have a
-    `sticky_action_prob` field (ppo_breakout.StickyParams). The GIF's episodes are recorded for
+    `sticky_action_prob` field (utils.env.StickyParams). The GIF's episodes are recorded for
     RECORD_STEPS steps."""
     mesh = Mesh(np.array(jax.devices()[:min(num_devices, 2)]), ("data",))
     pairs = list(EVALUATION_PAIRS.values())
