@@ -138,7 +138,8 @@ def against_ppo(name: str, rounds: list[dict[str, dict]], devices: int) -> tuple
     wall = common.round_ratios(rounds, name, ppo, "wall_seconds")
     return {"sps": sps, "wall_seconds": wall}, (
         f"{name}: training SPS {sps['median']:.2f}x {PPO}'s on as many devices, whole run "
-        f"{wall['median']:.2f}x its wall time (medians over {len(rounds)} rounds)")
+        f"{wall['median']:.2f}x its wall time (medians over {len(rounds)} round"
+        f"{'s' if len(rounds) > 1 else ''})")
 
 
 def check_args(args: Args) -> None:
