@@ -234,14 +234,16 @@ def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path, wh
 
 # ---- PQN: --script pqn_minatar ----
 
+# The setting of the defaults trial of test_benchmarks_search.py's tiny PQN study: the compilation
+# cache holds its programs once either has run.
 PQN_TINY = ["--script", "pqn_minatar", "--pqn.total-timesteps", "8192", "--pqn.num-envs", "16",
-            "--pqn.num-minibatches", "4", "--eval-episodes", "4", "--num-chunks", "2"]
+            "--eval-episodes", "4", "--num-chunks", "2"]
 
 
 def pqn_tiny_args() -> tune.pqn_minatar.Args:
     """PQN_TINY's settings, as train_seeds takes them."""
     return tune.pqn_minatar.fill_runtime_fields(tune.pqn_minatar.Args(
-        total_timesteps=8192, num_envs=16, num_minibatches=4))
+        total_timesteps=8192, num_envs=16))
 
 
 @pytest.fixture(scope="module")
@@ -260,8 +262,7 @@ def test_the_harness_trains_pqn_for_two_seeds_and_says_so(pqn_run):
     assert "chunk  1/2" in finished.stderr and "chunk  2/2" in finished.stderr
     assert (result["script"], result["policy"]) == ("pqn_minatar", "greedy")
     assert "ppo_args" not in result and result["pqn_args"]["q_lambda"] == 0.65
-    assert result["changed_args"] == {"total_timesteps": 8192, "num_envs": 16,
-                                      "num_minibatches": 4}
+    assert result["changed_args"] == {"total_timesteps": 8192, "num_envs": 16}
     assert result["seeds"] == [1, 2] and result["curve"]["steps"] == [4096, 8192]
     # Breakout's returns count bricks: whole, finite, not negative; every seed ends episodes.
     returns = np.array(result["eval_returns"] + result["eval_returns_minatar"])
