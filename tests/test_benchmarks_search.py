@@ -116,7 +116,9 @@ def test_two_processes_share_a_journal_file(tmp_path):
 
 
 def test_a_trial_below_the_pruners_bar_stops_after_the_chunk_it_may_be_pruned_from(tmp_path):
-    ppo = search.ppo_breakout.Args(total_timesteps=6144, num_envs=16, num_steps=128,
+    # The killed-worker test's defaults trial (8 iterations, here in 3 chunks): the compilation
+    # cache holds its programs once either has run.
+    ppo = search.ppo_breakout.Args(total_timesteps=16384, num_envs=16, num_steps=128,
                                    update_epochs=1, jax_cache_dir="")
     args = search.Args(ppo=ppo, fixed=FIXED, num_seeds=2, eval_episodes=8, num_chunks=3,
                        prune_from_chunk=2)
@@ -336,9 +338,11 @@ def test_a_bad_database_url_fails_fast_with_one_line(server, silent_port, monkey
 # ---- PQN: --script pqn_minatar ----
 
 # Tiny trials: the rollout's shape, epochs and network held; the rest of PQN's space is searched.
+# The defaults trial is test_benchmarks_tune.py's tiny PQN run: the compilation cache holds its
+# programs once either has run.
 PQN_FIXED = ("num_envs", "num_steps", "update_epochs", "hidden_sizes", "conv_channels")
 PQN_TINY = ["--script", "pqn_minatar", "--pqn.total-timesteps", "8192", "--pqn.num-envs", "16",
-            "--pqn.update-epochs", "1", "--fixed", *PQN_FIXED,
+            "--fixed", *PQN_FIXED,
             "--num-seeds", "2", "--num-chunks", "2", "--eval-episodes", "4"]
 
 

@@ -83,8 +83,9 @@ RESUMED = ["--num-seeds", "3", "--num-chunks", "4", "--ppo.total-timesteps", "81
 
 @pytest.fixture(scope="module")
 def whole_run(tmp_path_factory) -> dict:
-    """The result of a RESUMED run never interrupted, shared by the tests of resuming and of the
-    stability record."""
+    """The result of a RESUMED run never interrupted, shared by the tests of resuming, of seeds
+    trained beside others and of the stability record; the harness run from the shell repeats it
+    from the compilation cache."""
     whole = run_in_process(tmp_path_factory.mktemp("whole"), *RESUMED)
     assert whole.returncode == 0, whole.stderr
     return json.loads(whole.stdout)
@@ -128,18 +129,19 @@ def test_a_killed_harness_run_resumes_from_its_last_chunk_bit_for_bit(tmp_path, 
         assert again[key] == whole_run[key], key
 
 
-def test_a_seed_trains_the_same_beside_any_seeds_on_any_number_of_devices():
+def test_a_seed_trains_the_same_beside_any_seeds_on_any_number_of_devices(whole_run):
+    # Seeds 1-3 on two devices (one padding seed), with --stability's record, against seed 2 alone
+    # on one device, without it.
+    together = whole_run
     cfg = tune.ppo_breakout.fill_runtime_fields(tune.ppo_breakout.Args(
-        total_timesteps=4096, num_envs=16, num_steps=128, num_minibatches=4, update_epochs=1))
-    # Seeds 1-3 on two devices (one padding seed) against seed 2 alone on one device.
-    together = tune.train_seeds(cfg, [1, 2, 3], eval_episodes=8, num_chunks=2, num_devices=2)
-    alone = tune.train_seeds(cfg, [2], eval_episodes=8, num_chunks=2, num_devices=1)
-    assert together.eval_returns.shape == (3,)
-    np.testing.assert_array_equal(together.eval_returns[1:2], alone.eval_returns)
-    np.testing.assert_array_equal(together.return_sums[1:2], alone.return_sums)
-    np.testing.assert_array_equal(together.episodes[1:2], alone.episodes)
+        total_timesteps=8192, num_envs=16, num_steps=128, num_minibatches=4, update_epochs=1))
+    alone = tune.train_seeds(cfg, [2], eval_episodes=8, num_chunks=4, num_devices=1)
+    assert together["seeds"] == [1, 2, 3] and len(together["eval_returns"]) == 3
+    assert alone.eval_returns.tolist() == together["eval_returns"][1:2]
+    assert alone.return_sums.tolist() == together["curve"]["return_sums"][1:2]
+    assert alone.episodes.tolist() == together["curve"]["episodes"][1:2]
     # the seeds do differ
-    assert not np.array_equal(together.return_sums[0], together.return_sums[1])
+    assert together["curve"]["return_sums"][0] != together["curve"]["return_sums"][1]
 
 
 def test_the_harness_builds_the_network_its_settings_describe(monkeypatch):
@@ -188,12 +190,13 @@ def test_a_baseline_is_compared_on_this_runs_seeds_only():
     assert out["comparison"]["mean_difference"]["value"] == pytest.approx((30 + 40 - 25 - 35) / 2)
 
 
-def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path):
-    first = run_harness(tmp_path, "--num-seeds", "3", "--num-chunks", "2", "--out", "a.json")
+def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path, whole_run):
+    # whole_run's setting: its programs come from the compilation cache.
+    first = run_harness(tmp_path, *RESUMED, "--out", "a.json")
     assert first.returncode == 0, first.stderr
     result = json.loads((tmp_path / "a.json").read_text())
     assert json.loads(first.stdout) == result
-    assert "chunk  1/2" in first.stderr and "chunk  2/2" in first.stderr  # progress, chunk by chunk
+    assert "chunk  1/4" in first.stderr and "chunk  4/4" in first.stderr  # progress, chunk by chunk
 
     returns = np.array(result["eval_returns"])
     assert result["seeds"] == [1, 2, 3] and returns.shape == (3,)
@@ -201,11 +204,11 @@ def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path):
     assert len(result["eval_returns_minatar"]) == 3 and result["minatar_bound_hits"] == [0, 0, 0]
     assert (result["summary_minatar"]["mean"]["value"]
             == pytest.approx(np.mean(result["eval_returns_minatar"])))
-    assert result["changed_args"] == {"total_timesteps": 4096, "num_envs": 16, "num_minibatches": 4,
+    assert result["changed_args"] == {"total_timesteps": 8192, "num_envs": 16, "num_minibatches": 4,
                                       "update_epochs": 1}
-    assert result["curve"]["steps"] == [2048, 4096]
+    assert result["curve"]["steps"] == [2048, 4096, 6144, 8192]
     assert (np.array(result["curve"]["return_sums"]).shape
-            == np.array(result["curve"]["episodes"]).shape == (3, 2))
+            == np.array(result["curve"]["episodes"]).shape == (3, 4))
     summary = result["summary"]
     assert summary["mean"]["value"] == pytest.approx(returns.mean())
     assert summary["iqm"]["value"] == pytest.approx(stats.iqm(returns))
@@ -213,13 +216,12 @@ def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path):
         low, high = summary[name]["ci"]
         assert low <= summary[name]["value"] <= high
     assert summary["share_past_wall"]["count"] == int((returns >= 30).sum())
-    assert len(result["pooled_curve"]["return"]) == 2
+    assert len(result["pooled_curve"]["return"]) == 4
     assert result["timing"]["peak_memory_gb"] > 0 and "CPU family" in result["timing"]["machine"]
 
     # The same setting on the same seeds again, against the first run: identical returns, so the
     # differences are 0 and a run of either is as likely to be the better one.
-    second = run_in_process(tmp_path, "--num-seeds", "3", "--num-chunks", "2", "--baseline",
-                            "a.json", "--quiet")
+    second = run_in_process(tmp_path, *RESUMED, "--baseline", "a.json", "--quiet")
 
     assert second.returncode == 0, second.stderr
     assert second.stderr == ""  # --quiet
@@ -232,14 +234,16 @@ def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path):
 
 # ---- PQN: --script pqn_minatar ----
 
+# The setting of the defaults trial of test_benchmarks_search.py's tiny PQN study: the compilation
+# cache holds its programs once either has run.
 PQN_TINY = ["--script", "pqn_minatar", "--pqn.total-timesteps", "8192", "--pqn.num-envs", "16",
-            "--pqn.num-minibatches", "4", "--eval-episodes", "4", "--num-chunks", "2"]
+            "--eval-episodes", "4", "--num-chunks", "2"]
 
 
 def pqn_tiny_args() -> tune.pqn_minatar.Args:
     """PQN_TINY's settings, as train_seeds takes them."""
     return tune.pqn_minatar.fill_runtime_fields(tune.pqn_minatar.Args(
-        total_timesteps=8192, num_envs=16, num_minibatches=4))
+        total_timesteps=8192, num_envs=16))
 
 
 @pytest.fixture(scope="module")
@@ -258,8 +262,7 @@ def test_the_harness_trains_pqn_for_two_seeds_and_says_so(pqn_run):
     assert "chunk  1/2" in finished.stderr and "chunk  2/2" in finished.stderr
     assert (result["script"], result["policy"]) == ("pqn_minatar", "greedy")
     assert "ppo_args" not in result and result["pqn_args"]["q_lambda"] == 0.65
-    assert result["changed_args"] == {"total_timesteps": 8192, "num_envs": 16,
-                                      "num_minibatches": 4}
+    assert result["changed_args"] == {"total_timesteps": 8192, "num_envs": 16}
     assert result["seeds"] == [1, 2] and result["curve"]["steps"] == [4096, 8192]
     # Breakout's returns count bricks: whole, finite, not negative; every seed ends episodes.
     returns = np.array(result["eval_returns"] + result["eval_returns_minatar"])
