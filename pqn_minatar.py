@@ -21,7 +21,7 @@ import dataclasses
 import functools
 import sys
 import time
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 if __name__ == "__main__":  # before JAX starts: its CPU devices, and a faster start-up
     from utils import startup
@@ -81,8 +81,12 @@ class Args:
     """normalize each hidden layer's pre-activations (LayerNorm): what lets PQN learn without a
     target network"""
     conv_channels: int = 16
-    """channels of a 3x3 convolution over the grid before the hidden layers, then 2x2 average
-    pooling (0: none; an environment whose observations are not a grid gets none unless given)"""
+    """channels of a 3x3 convolution over the grid before the hidden layers (0: none; an
+    environment whose observations are not a grid gets none unless given)"""
+    conv_style: Literal["pooled", "purejaxql"] = "pooled"
+    """pooled: zero-padded convolution, ReLU, 2x2 average pooling (5x5 cells of features on
+    MinAtar); purejaxql: its network's, the input divided by 255, an unpadded convolution, LayerNorm
+    (with --layer-norm), ReLU (8x8 cells), and flax's LayerNorm epsilon 1e-6 in every layer"""
     sticky_action_prob: float = 0.1
     """probability that the game repeats its previous action in training, as in MinAtar (0 for
     gymnax's games as they are)"""
@@ -121,29 +125,37 @@ class Args:
 # Network
 # --------------------------------------------------------------------------------------------------
 def q_network(obs: jax.Array, num_actions: int, hidden_sizes: tuple[int, ...], layer_norm: bool,
-              conv_channels: int = 0) -> jax.Array:
-    """Q-values, (batch, num_actions): a convolution over the grid (if conv_channels), then
-    Linear -> LayerNorm -> ReLU per hidden layer, then a linear head with one output per action."""
+              conv_channels: int = 0, conv_style: str = "pooled") -> jax.Array:
+    """Q-values, (batch, num_actions): a convolution over the grid (if conv_channels, in
+    `conv_style`), then Linear -> LayerNorm -> ReLU per hidden layer, then a linear head with one
+    output per action."""
     # He initialisation on the hidden layers and LeCun's on the head, as purejaxql's flax network.
+    norm_eps = 1e-6 if conv_style == "purejaxql" else 1e-5  # flax's default; Haiku's
     x = obs
-    if conv_channels:  # = hk.Conv2D(conv_channels, 3) -> ReLU -> hk.avg_pool(2x2), faster on CPU
-        x = layers.conv_relu_pool(obs, conv_channels)
+    if conv_channels and conv_style == "pooled":
+        x = layers.conv_relu_pool(obs, conv_channels)  # = hk.Conv2D -> ReLU -> hk.avg_pool(2x2)
+    elif conv_channels:  # = x / 255 -> hk.Conv2D(padding="VALID") -> LayerNorm -> ReLU
+        x = layers.conv_valid(obs / 255.0, conv_channels)
+        if layer_norm:
+            x = hk.LayerNorm(axis=-1, create_scale=True, create_offset=True, eps=norm_eps,
+                             name="conv_norm")(x)
+        x = jax.nn.relu(x)
     x = x.reshape(obs.shape[0], -1)
     for i, width in enumerate(hidden_sizes):
         x = hk.Linear(width, w_init=hk.initializers.VarianceScaling(2.0), name=f"torso_{i}")(x)
         if layer_norm:
-            x = hk.LayerNorm(axis=-1, create_scale=True, create_offset=True,
+            x = hk.LayerNorm(axis=-1, create_scale=True, create_offset=True, eps=norm_eps,
                              name=f"torso_norm_{i}")(x)
         x = jax.nn.relu(x)
     return hk.Linear(num_actions, w_init=hk.initializers.VarianceScaling(1.0), name="q")(x)
 
 
 def make_network(num_actions: int, hidden_sizes: tuple[int, ...], layer_norm: bool,
-                 conv_channels: int = 0) -> hk.Transformed:
+                 conv_channels: int = 0, conv_style: str = "pooled") -> hk.Transformed:
     """q_network as a pure (init, apply) pair; it draws no random numbers when applied."""
     return hk.without_apply_rng(hk.transform(functools.partial(
         q_network, num_actions=num_actions, hidden_sizes=hidden_sizes, layer_norm=layer_norm,
-        conv_channels=conv_channels)))
+        conv_channels=conv_channels, conv_style=conv_style)))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -437,8 +449,10 @@ def make_parallel_update_step(args: Args, env, env_params, network: hk.Transform
 # --------------------------------------------------------------------------------------------------
 # Arguments: checked before anything is compiled or written
 # --------------------------------------------------------------------------------------------------
-# The arguments that rebuild the network, in a model file's header.
-NETWORK_ARGS = ("env_id", "hidden_sizes", "conv_channels", "layer_norm")
+# The arguments that rebuild the network, in a model file's header; ADDED_ARGS: the fields added
+# since model files and search studies were first saved, with the value they had before.
+NETWORK_ARGS = ("env_id", "hidden_sizes", "conv_channels", "conv_style", "layer_norm")
+ADDED_ARGS = {"conv_style": "pooled"}
 
 
 def check_args(args: Args) -> str | None:
@@ -458,7 +472,7 @@ def take_saved_args(args: Args, given: set[str]) -> str | None:
     """--load-model and --resume bring the arguments they were saved with; otherwise an
     environment whose observations are not a grid gets no convolution. An error, or None."""
     if args.load_model or args.resume:
-        return training.take_saved_args(__file__, args, given, NETWORK_ARGS, {})
+        return training.take_saved_args(__file__, args, given, NETWORK_ARGS, ADDED_ARGS)
     if "conv_channels" not in given:
         args.conv_channels = default_conv_channels(args.env_id, args.conv_channels)
     return None
@@ -483,7 +497,7 @@ def main() -> None:
     fill_runtime_fields(args)
     env, env_params = make_env(args.env_id, args.sticky_action_prob)
     network = make_network(env.action_space(env_params).n, args.hidden_sizes, args.layer_norm,
-                           args.conv_channels)
+                           args.conv_channels, args.conv_style)
     runner_key, eval_key = jax.random.split(jax.random.key(args.seed))
 
     # Compile ahead of time, before the run directory exists and before the clock for SPS starts.
@@ -492,7 +506,7 @@ def main() -> None:
     if args.load_model:
         obs = jax.eval_shape(env.reset, runner_key, env_params)[0]
         params = cli.or_exit(model.load_params, args.load_model, network, obs, args,
-                             NETWORK_ARGS)
+                             NETWORK_ARGS, ADDED_ARGS)
     else:
         optimizer = make_optimizer(args)
         mesh = parallel.make_mesh(args.num_devices)

@@ -99,7 +99,8 @@ SPACES = {
             "width": IntDistribution(64, 256, step=64),
             "conv_channels": IntDistribution(8, 32, step=8),
         },
-        widths=("width",), study_name="breakout-pqn", added_args={}),
+        widths=("width",), study_name="breakout-pqn",
+        added_args=pqn_minatar.ADDED_ARGS),
 }
 
 

@@ -253,7 +253,7 @@ def build(cfg, env, env_params):
         policy, greedy = (lambda p, o: network.apply(p, o)[0]), False  # PPO's sampled actions
     else:
         network = pqn_minatar.make_network(num_actions, cfg.hidden_sizes, cfg.layer_norm,
-                                           cfg.conv_channels)
+                                           cfg.conv_channels, cfg.conv_style)
         policy, greedy = network.apply, True  # argmax Q: PQN's own test protocol
     script = SCRIPTS[script_of(cfg)]
     optimizer = script.make_optimizer(cfg)

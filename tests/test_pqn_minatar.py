@@ -1,6 +1,7 @@
-"""Tests of pqn_minatar.py, in the order of its sections: the rollout, the Q(lambda) targets against
-a plain-Python loop (and against each known bug of public PQN targets), the loss, the data-parallel
-step, learning known Q-values on a probe, then the script run the way a user runs it."""
+"""Tests of pqn_minatar.py, in the order of its sections: the network, the rollout, the Q(lambda)
+targets against a plain-Python loop (and against each known bug of public PQN targets), the loss,
+the data-parallel step, learning known Q-values on a probe, then the script run the way a user runs
+it."""
 
 import functools
 import glob
@@ -22,6 +23,39 @@ import pqn_minatar as pqn
 from helpers import run_main
 from probe_envs import ProbeEnv
 from utils import checkpoint, parallel, training
+
+
+# ------------------------------------------------------------------------------------------------
+# Network
+# ------------------------------------------------------------------------------------------------
+def reference_q_network(obs, conv_style):
+    """q_network written with Haiku's own layers: the numbers each --conv-style must give."""
+    if conv_style == "pooled":
+        x = jax.nn.relu(hk.Conv2D(16, 3, padding="SAME", name="conv")(obs))
+        x, eps = hk.avg_pool(x, (1, 2, 2, 1), (1, 2, 2, 1), padding="VALID"), 1e-5
+    else:  # purejaxql's CNN: input / 255, unpadded conv, LayerNorm over channels (flax's eps)
+        x, eps = hk.Conv2D(16, 3, padding="VALID", name="conv")(obs / 255.0), 1e-6
+        x = jax.nn.relu(hk.LayerNorm(-1, True, True, eps=eps, name="conv_norm")(x))
+    x = hk.Linear(128, name="torso_0")(x.reshape(obs.shape[0], -1))
+    x = jax.nn.relu(hk.LayerNorm(-1, True, True, eps=eps, name="torso_norm_0")(x))
+    return hk.Linear(5, name="q")(x)
+
+
+@pytest.mark.parametrize("conv_style, features",
+                         [("pooled", 5 * 5 * 16), ("purejaxql", 8 * 8 * 16)])
+def test_q_network_computes_its_conv_styles_network(conv_style, features):
+    obs = jax.random.bernoulli(jax.random.key(0), 0.3, (4, 10, 10, 4)).astype(jnp.float32)
+    network = pqn.make_network(5, (128,), True, 16, conv_style)
+    params = network.init(jax.random.key(1), obs)
+    assert params["torso_0"]["w"].shape == (features, 128)
+    # Random values in every parameter (LayerNorm starts at scale 1, offset 0), a small conv bias
+    # beside the input's 1/255, so that each layer's constants show.
+    keys = iter(jax.random.split(jax.random.key(2), 16))
+    params = jax.tree.map(lambda p: jax.random.normal(next(keys), p.shape), params)
+    params["conv"]["b"] = params["conv"]["b"] * 0.01
+    expected = hk.without_apply_rng(hk.transform(
+        functools.partial(reference_q_network, conv_style=conv_style))).apply(params, obs)
+    np.testing.assert_allclose(network.apply(params, obs), expected, rtol=1e-4, atol=1e-4)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -68,3 +68,26 @@ def test_the_grid_convolution_is_one_3x3_filter_bank_at_every_cell_then_2x2_mean
     expected = np.maximum(cells[:, :2 * rows, :2 * cols], 0).reshape(2, rows, 2, cols, 2, 3)
     expected = expected.mean(axis=(2, 4))
     np.testing.assert_allclose(conv.apply(params, obs), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("height, width", [(10, 10), (7, 9)])  # MinAtar's grid, and odd sides
+def test_conv_valid_equals_haikus_unpadded_conv2d(height, width):
+    obs = jax.random.bernoulli(jax.random.key(0), 0.4, (2, height, width, 4)).astype(jnp.float32)
+    fast = hk.without_apply_rng(hk.transform(lambda o: layers.conv_valid(o, 3)))
+    params = fast.init(jax.random.key(1), obs)
+    assert jax.tree.map(jnp.shape, params) == {"conv": {"w": (3, 3, 4, 3), "b": (3,)}}
+    params = {"conv": {"w": jax.random.normal(jax.random.key(2), (3, 3, 4, 3)),
+                       "b": jax.random.normal(jax.random.key(3), (3,))}}
+    reference = hk.without_apply_rng(hk.transform(
+        lambda o: hk.Conv2D(3, kernel_shape=3, padding="VALID", name="conv")(o)))
+    expected = reference.apply(params, obs)
+    assert expected.shape == (2, height - 2, width - 2, 3)
+    np.testing.assert_allclose(fast.apply(params, obs), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_conv_valid_starts_he_normal_as_purejaxqls_flax_convolution():
+    # flax's he_normal: a truncated normal of variance 2 / fan_in, fan_in = 3 * 3 * channels in.
+    obs = jnp.zeros((1, 10, 10, 8))
+    w = hk.without_apply_rng(hk.transform(lambda o: layers.conv_valid(o, 256))).init(
+        jax.random.key(0), obs)["conv"]["w"]
+    assert abs(float(jnp.std(w)) - np.sqrt(2 / 72)) < 0.01
