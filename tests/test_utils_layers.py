@@ -72,12 +72,13 @@ def test_the_grid_convolution_is_one_3x3_filter_bank_at_every_cell_then_2x2_mean
 
 @pytest.mark.parametrize("height, width", [(10, 10), (7, 9)])  # MinAtar's grid, and odd sides
 def test_conv_valid_equals_haikus_unpadded_conv2d(height, width):
+    # The same grid and random filters as the pooled layer's test above.
     obs = jax.random.bernoulli(jax.random.key(0), 0.4, (2, height, width, 4)).astype(jnp.float32)
     fast = hk.without_apply_rng(hk.transform(lambda o: layers.conv_valid(o, 3)))
-    params = fast.init(jax.random.key(1), obs)
-    assert jax.tree.map(jnp.shape, params) == {"conv": {"w": (3, 3, 4, 3), "b": (3,)}}
     params = {"conv": {"w": jax.random.normal(jax.random.key(2), (3, 3, 4, 3)),
                        "b": jax.random.normal(jax.random.key(3), (3,))}}
+    assert jax.tree.map(jnp.shape, fast.init(jax.random.key(1), obs)) == jax.tree.map(
+        jnp.shape, params)
     reference = hk.without_apply_rng(hk.transform(
         lambda o: hk.Conv2D(3, kernel_shape=3, padding="VALID", name="conv")(o)))
     expected = reference.apply(params, obs)
