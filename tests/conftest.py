@@ -13,6 +13,18 @@ import pytest  # noqa: E402
 
 from helpers import TINY, only_run_dir, run_in_process  # noqa: E402
 
+JAX_MIN_COMPILE_SECONDS = jax.config.jax_persistent_cache_min_compile_time_secs  # JAX's own, 1 s
+
+
+@pytest.fixture(autouse=True)
+def cache_only_slow_compiles():
+    """A script's main() run in this process leaves JAX's persistent cache writing every program it
+    compiles (utils/startup.py: a run's start-up wants even its key splits cached). A test's own
+    operations, one small program each, would then write thousands of entries to the capped cache,
+    each write rescanning all of it: each test starts with JAX's threshold back. Reading the cache
+    is untouched, and a main() sets its own threshold again."""
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", JAX_MIN_COMPILE_SECONDS)
+
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
