@@ -1,5 +1,7 @@
 """Put the repository root on sys.path, so that tests import the scripts as modules, and give JAX's
-CPU backend two devices whatever the machine, so the data-parallel paths always run."""
+CPU backend two devices whatever the machine, so the data-parallel paths always run. The suite runs
+on two pytest-xdist workers (pyproject.toml); the files whose runs share compiled programs run on
+one."""
 
 import os
 import sys
@@ -11,9 +13,39 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
+import ppo_breakout as ppo  # noqa: E402
 from helpers import TINY, only_run_dir, run_in_process  # noqa: E402
+from utils import startup  # noqa: E402
 
 JAX_MIN_COMPILE_SECONDS = jax.config.jax_persistent_cache_min_compile_time_secs  # JAX's own, 1 s
+# JAX decides at a process's first compile whether it uses the persistent cache, once: the one the
+# script's main() would set up, from the start, whichever test a worker runs first.
+startup.configure_compilation_cache(ppo.Args.jax_cache_dir)
+
+# Files whose runs load each other's programs from the compilation cache: on one worker, one after
+# the other, not compiled twice at once.
+SHARED_PROGRAMS = {
+    # the session's tiny run; the signal tests' run is the resume tests' one
+    "ppo_breakout runs": ["test_scripts.py", "test_scripts_resume.py", "test_utils_startup.py",
+                          "test_benchmarks_plot_curves.py", "test_benchmarks_results_table.py"],
+    # tune's tiny PQN run is the search's PQN defaults trial
+    "harness runs": ["test_benchmarks_tune.py", "test_benchmarks_search.py"],
+}
+GROUP_OF_FILE = {name: group for group, names in SHARED_PROGRAMS.items() for name in names}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile (pyproject.toml), the files of each SHARED_PROGRAMS group as one file.
+    (xdist's own groups, --dist loadgroup, are lost on pytest 9: xdist 3.8 renames a test by an
+    attribute that pytest no longer reads.)"""
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedProgramsScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return GROUP_OF_FILE.get(os.path.basename(path), path)
+
+    return SharedProgramsScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +61,8 @@ def cache_only_slow_compiles():
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """One tiny training run of the script, shared by the tests that read what it leaves (in
-    test_scripts.py, test_utils_startup.py and test_benchmarks_plot_curves.py)."""
+    test_scripts.py, test_utils_startup.py, test_benchmarks_plot_curves.py and
+    test_benchmarks_results_table.py)."""
     path = tmp_path_factory.mktemp("tiny")
     result = run_in_process(path, *TINY)
     assert result.returncode == 0, result.stderr

@@ -6,7 +6,12 @@ import subprocess
 import sys
 
 import jax
+import numpy as np
+import tyro
 
+import ppo_breakout as ppo
+from helpers import network_args, run_in_process, tiny_network_params
+from utils import model as model_file
 from utils import startup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,11 +22,22 @@ UNCAPPED = ("import jax; jax.config.update('jax_compilation_cache_dir', {!r}); "
             "jax.jit(lambda x: x * 3 + 1)(1.0).block_until_ready()")
 
 
-def test_the_compilation_cache_is_capped(tiny_run):
+def test_the_compilation_cache_is_capped(tmp_path):
     # A search compiles a program per setting: without a cap the persistent cache grows without
-    # bound.
-
-    assert jax.config.jax_compilation_cache_max_size == startup.CACHE_MAX_BYTES > 0
+    # bound. The script's start-up sets it: main() runs here as far as a model file it refuses, in
+    # a process whose cache is uncapped (conftest.py set the cap up before any test).
+    args = tyro.cli(ppo.Args, args=["--hidden-sizes", "8", "--conv-channels", "0"])
+    not_finite = jax.tree.map(lambda x: np.full(x.shape, np.nan, np.float32),
+                              tiny_network_params(args))
+    model = str(tmp_path / "nan.safetensors")
+    model_file.save_model(model, not_finite, network_args(args), {})
+    jax.config.update("jax_compilation_cache_max_size", -1)  # JAX's default: no cap
+    try:
+        result = run_in_process(tmp_path, "--load-model", model)
+        assert result.returncode == 2 and "non-finite parameters" in result.stderr, result.stderr
+        assert jax.config.jax_compilation_cache_max_size == startup.CACHE_MAX_BYTES > 0
+    finally:
+        jax.config.update("jax_compilation_cache_max_size", startup.CACHE_MAX_BYTES)
 
 
 def test_entries_without_an_access_time_get_the_oldest_one(tmp_path):
