@@ -109,6 +109,10 @@ class Args:
     checkpoint_every: int = 5
     """write the whole training state to the run directory's checkpoint.safetensors every this many
     iterations and when the run stops (0: never)"""
+    eval_every: int = 0
+    """also evaluate the policy as at the end (both protocols, both policies, --eval-episodes each)
+    every this many iterations, logged under the final evaluation's eval/ tags (0: only at the end);
+    the clock behind SPS stops while it plays"""
     resume: str = ""
     """continue the run in this run directory from its checkpoint, with its arguments: only
     --checkpoint-every, --jax-cache-dir and --num-devices may change (another device count continues
@@ -646,6 +650,7 @@ def main() -> None:
                     break
                 runner = next_runner
                 run.end_iteration(iteration, runner)  # progress line; checkpoint every few
+                run.evaluate_every(iteration, play, runner.train_state.params)  # --eval-every
             run.finish(runner)
             params = runner.train_state.params
 

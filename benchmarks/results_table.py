@@ -30,6 +30,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common  # noqa: E402
 from utils import files  # noqa: E402
+from utils.evaluation import EVALUATIONS, PROTOCOL_OF, return_tag  # noqa: E402
 
 # The policy each script reports first: PPO samples its actions, PQN's own test is greedy.
 POLICY = {"ppo_breakout": "sampled", "pqn_minatar": "greedy"}
@@ -73,13 +74,31 @@ def learning_curve(run_dir: str, started: float, max_points: int = 250) -> dict:
             "seconds": [round(points[i].wall_time - started, 2) for i in keep]}
 
 
+def eval_curve(run_dir: str) -> dict | None:
+    """With --eval-every, the evaluations during training and the final one: at each step, the
+    training seconds so far (read back from charts/SPS) and each policy's mean return under each
+    protocol ("gymnax/greedy", "minatar/sampled", ...). None for a run evaluated only at the end."""
+    events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    curve = {f"{PROTOCOL_OF[protocol]}/{mode}": events.Scalars(return_tag(protocol, mode))
+             for protocol, mode in EVALUATIONS}
+    steps = [point.step for point in next(iter(curve.values()))]
+    if len(steps) < 2:
+        return None
+    sps = {point.step: point.value for point in events.Scalars("charts/SPS")}
+    return {"steps": steps, "train_seconds": [round(step / sps[step], 1) for step in steps],
+            **{name: [point.value for point in points] for name, points in curve.items()}}
+
+
 def row_of(summary: dict, run_dir: str, wall_seconds: float, peak_gb: float | None,
            started: float) -> dict:
-    """A seed's row: its evaluation, times, curve, arguments and model digest."""
-    return {"seed": summary["seed"], "eval": summary["eval"], "wall_seconds": wall_seconds,
-            "compile_seconds": summary["compile_seconds"], "sps": summary["sps"],
-            "peak_gb": peak_gb, "run_dir": run_dir, "curve": learning_curve(run_dir, started),
-            "args": summary["args"], "model_sha256": model_digest(run_dir)}
+    """A seed's row: its evaluation, times, curve, arguments and model digest (and the
+    evaluations during training, with --eval-every)."""
+    row = {"seed": summary["seed"], "eval": summary["eval"], "wall_seconds": wall_seconds,
+           "compile_seconds": summary["compile_seconds"], "sps": summary["sps"],
+           "peak_gb": peak_gb, "run_dir": run_dir, "curve": learning_curve(run_dir, started),
+           "args": summary["args"], "model_sha256": model_digest(run_dir)}
+    return row | ({"eval_curve": eval_curve(run_dir)} if summary["args"].get("eval_every") else {})
 
 
 def collected_row(run_dir: str) -> dict:

@@ -253,8 +253,8 @@ def study_settings(args: Args) -> dict:
     space = searched(args)
     # eval_epsilon: the harness scores PQN greedy.
     run_only = {"exp_name", "seed", "diagnostics", "eval_episodes", "eval_epsilon", "num_devices",
-                "jax_cache_dir", "save_model", "load_model", "batch_size", "minibatch_size",
-                "num_iterations"}
+                "jax_cache_dir", "save_model", "load_model", "eval_every", "batch_size",
+                "minibatch_size", "num_iterations"}
     widths = SPACES[args.script].widths
     shaped = set(space) | ({"hidden_sizes"} if set(widths) <= set(space) else set())
     fixed = dataclasses.asdict(tune.settings(args))

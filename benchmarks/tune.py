@@ -177,7 +177,7 @@ def find_harness_error(args: Args) -> str | None:
 CHECKPOINT = "tune_checkpoint.safetensors"
 # The script arguments the harness does not use (--stability sets the diagnostics).
 NOT_USED = ("seed", "num_devices", "jax_cache_dir", "diagnostics", "eval_episodes", "exp_name",
-            "save_model", "load_model", "checkpoint_every", "resume",
+            "save_model", "load_model", "checkpoint_every", "eval_every", "resume",
             "eval_epsilon")  # PQN's sampled policy: the harness scores it greedy
 
 

@@ -62,9 +62,9 @@ def cache_only_slow_compiles():
 def tiny_run(tmp_path_factory):
     """One tiny training run of the script, shared by the tests that read what it leaves (in
     test_scripts.py, test_utils_startup.py, test_benchmarks_plot_curves.py and
-    test_benchmarks_results_table.py)."""
+    test_benchmarks_results_table.py); it also evaluates after its first iteration."""
     path = tmp_path_factory.mktemp("tiny")
-    result = run_in_process(path, *TINY)
+    result = run_in_process(path, *TINY, "--eval-every", "1")
     assert result.returncode == 0, result.stderr
     return result, only_run_dir(path)
 

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
                      "results_table.py")
 
@@ -49,10 +51,18 @@ def test_collect_makes_the_rows_of_finished_runs_and_their_commands(tmp_path, ti
         assert row["model_sha256"] == hashlib.sha256(f.read()).hexdigest()
     seconds = row["curve"]["seconds"]
     assert 0 < seconds[0] <= seconds[-1] <= row["wall_seconds"]
+    # The run's evaluations during training (--eval-every 1) and its final one.
+    curve = row["eval_curve"]
+    assert curve["steps"] == [2048, 4096]
+    assert 0 < curve["train_seconds"][0] < curve["train_seconds"][1]
+    assert curve["train_seconds"][1] == pytest.approx(summary["train_seconds"], abs=0.1)
+    final = summary["eval"]
+    assert curve["minatar/greedy"][1] == pytest.approx(final["sticky_0.1"]["greedy"]["mean"])
+    assert curve["gymnax/sampled"][1] == pytest.approx(final["sampled"]["mean"])
     # The table's command is the run's own, with the arguments it changed.
     assert make_tables.command(json.loads(out.read_text())) == (
-        "python ppo_breakout.py --seed 3 --num-devices 2 --total-timesteps 4096 --num-envs 16 "
-        "--num-minibatches 4 --update-epochs 1")
+        "python ppo_breakout.py --seed 3 --num-devices 2 --eval-every 1 --total-timesteps 4096 "
+        "--num-envs 16 --num-minibatches 4 --update-epochs 1")
     # A run that did not complete is refused, and nothing is written.
     summary["status"] = "interrupted"
     stopped = tmp_path / "stopped"

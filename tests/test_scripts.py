@@ -61,6 +61,14 @@ def test_script_logs_tensorboard_and_writes_summary(tiny_run):
     scalars = read_scalars(run_dir)
     for tag in TAGS:
         assert tag in scalars, tag
+    # --eval-every 1: evaluated after the first iteration too, under the final evaluation's tags
+    summary = read_summary(run_dir)
+    for protocol, numbers in (("", summary["eval"]), ("sticky_0.1", summary["eval"]["sticky_0.1"])):
+        for mode in ("sampled", "greedy"):
+            points = scalars[evaluation.return_tag(protocol, mode)]
+            assert [step for step, _ in points] == [2048, 4096]
+            assert points[-1][1] == pytest.approx(numbers[mode]["mean"])
+    assert "step     2,048 | eval return, gymnax's / MinAtar's protocol: sampled " in result.stdout
     assert len(scalars["losses/policy_loss"]) == 2  # one point per iteration
     assert [step for step, _ in scalars["charts/SPS"]] == [2048, 4096]
     learning_rates = [value for _, value in scalars["charts/learning_rate"]]
@@ -87,7 +95,6 @@ def test_script_logs_tensorboard_and_writes_summary(tiny_run):
             image.load()
             assert getattr(image, "n_frames", 1) >= frames and min(image.size) > 100, name
 
-    summary = read_summary(run_dir)
     assert summary["status"] == "completed"
     assert summary["env_id"] == "Breakout-MinAtar" and summary["seed"] == 3
     assert summary["total_timesteps"] == 4096 and summary["global_step"] == 4096
@@ -111,18 +118,20 @@ def test_script_logs_tensorboard_and_writes_summary(tiny_run):
 
 def test_same_seed_and_arguments_replay_the_run_bit_for_bit(tiny_run, tmp_path):
     _, first_dir = tiny_run
-    result = run_in_process(tmp_path, *TINY)
+    result = run_in_process(tmp_path, *TINY)  # no evaluation during training: it changes nothing
     assert result.returncode == 0, result.stderr
     second_dir = only_run_dir(tmp_path)
     first, second = read_scalars(first_dir), read_scalars(second_dir)
     del first["charts/SPS"], second["charts/SPS"]  # wall-clock speed, the one thing that may differ
+    first = {tag: [point for point in points if not tag.startswith("eval/") or point[0] == 4096]
+             for tag, points in first.items()}
     assert first == second
     assert read_summary(first_dir)["eval"] == read_summary(second_dir)["eval"]
 
 
 def test_diagnostics_observe_training_without_changing_it(tiny_run, tmp_path):
     _, with_dir = tiny_run
-    result = run_in_process(tmp_path, *TINY, "--no-diagnostics")
+    result = run_in_process(tmp_path, *TINY, "--eval-every", "1", "--no-diagnostics")
     assert result.returncode == 0, result.stderr
     without_dir = only_run_dir(tmp_path)
     with_, without = read_scalars(with_dir), read_scalars(without_dir)
@@ -360,6 +369,7 @@ BAD_INPUTS = [
     (["--num-envs", "2", "--num-steps", "3", "--num-minibatches", "2", "--num-devices", "2"],
      "and the minibatch size 3"),
     (["--jax-cache-dir", __file__], "is not a directory"),
+    (["--eval-every", "-1"], "--eval-every must be 0 (only at the end) or positive, got -1"),
     # tyro's own parse errors, condensed to one line
     (["--num-envs", "abc"], "Error parsing --num-envs"),
     (["--activation", "tanh"], "invalid choice 'tanh' for argument '--activation'"),

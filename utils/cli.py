@@ -153,6 +153,8 @@ def check_run_args(args) -> str | None:
         return f"--jax-cache-dir {args.jax_cache_dir} exists and is not a directory"
     if args.checkpoint_every < 0:
         return f"--checkpoint-every must be 0 (never) or positive, got {args.checkpoint_every}"
+    if args.eval_every < 0:
+        return f"--eval-every must be 0 (only at the end) or positive, got {args.eval_every}"
     error = check_env_id(args.env_id, args.conv_channels)
     if error:
         return error

@@ -175,6 +175,12 @@ PROTOCOL_OF = {"": "gymnax", "sticky_0.1": "minatar"}
 RECORD_STEPS = 1001  # the GIF's frames per episode, at most: a 1000-step episode whole
 
 
+def return_tag(protocol: str, mode: str) -> str:
+    """The TensorBoard tag of an evaluation's mean return: eval/greedy_return under gymnax's
+    protocol, eval/sticky_0.1/greedy_return under MinAtar's."""
+    return f"eval/{protocol}/{mode}_return" if protocol else f"eval/{mode}_return"
+
+
 def make_evaluate_pair(env: Any, env_id: str, env_params: Any, policy_apply: Callable,
                        num_episodes: int, num_devices: int) -> tuple[Callable, Mesh]:
     """A program that plays the `pair`-th of EVALUATION_PAIRS, split over up to two devices, each

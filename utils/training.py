@@ -2,7 +2,7 @@
 TensorBoard log, the learning curve and clock, checkpoints and resume, Ctrl-C, and summary.json.
 
 A script's Args carry the fields this reads: exp_name, seed, env_id, total_timesteps,
-num_iterations, batch_size (environment steps per iteration), checkpoint_every, resume,
+num_iterations, batch_size (environment steps per iteration), checkpoint_every, eval_every, resume,
 load_model. Its update returns metrics with `episodes`, `episode_return_sum` and
 `episode_length_sum` of the episodes that ended in the iteration."""
 
@@ -10,12 +10,14 @@ import os
 import sys
 import time
 
+import jax
 import numpy as np
 
-from utils import cli, logger, model, visualize
+from utils import cli, evaluation, logger, model, visualize
 from utils.checkpoint import Checkpointer, Progress, fresh_start, read_checkpoint_args
 
-RESUME_MAY_CHANGE = ("checkpoint_every", "jax_cache_dir", "num_devices")  # they change no result
+# They change no result.
+RESUME_MAY_CHANGE = ("checkpoint_every", "eval_every", "jax_cache_dir", "num_devices")
 
 
 def take_saved_args(script: str, args, given: set[str], network_args: tuple[str, ...],
@@ -127,6 +129,26 @@ class Run:
         if self.checkpoints and iteration % self.args.checkpoint_every == 0:
             self.checkpoints.save(state, Progress(iteration, self.history, self.elapsed),
                                   global_step)
+
+    def evaluate_every(self, iteration: int, play, params) -> None:
+        """With --eval-every N, after every N-th iteration but the last (the final evaluation's):
+        `params` played as at the end (`play`: evaluation.compile_final_evaluation's), each mean
+        return logged at its step under the final evaluation's tag, so that TensorBoard draws the
+        scores as training goes. The clock behind SPS and train_seconds stops while it plays."""
+        every = self.args.eval_every
+        if not every or iteration % every or iteration == self.args.num_iterations:
+            return
+        started = time.time()
+        played = {policy: play(params, policy).returns for policy in evaluation.EVALUATION_PAIRS}
+        returns = jax.device_get(played)  # only the returns come over, not the recorded frames
+        step, shown = iteration * self.args.batch_size, []
+        for policy, pair in evaluation.EVALUATION_PAIRS.items():
+            means = [float(returns[policy][k].mean()) for k in range(len(pair))]
+            for i, mean in zip(pair, means):
+                self.log.add_scalar(evaluation.return_tag(*evaluation.EVALUATIONS[i]), mean, step)
+            shown.append(f"{policy} {' / '.join(f'{mean:.2f}' for mean in means)}")
+        print(f"step {step:>9,} | eval return, gymnax's / MinAtar's protocol: {', '.join(shown)}")
+        self.train_start += time.time() - started
 
     def stop_non_finite(self, iteration: int, what: str) -> None:
         """Ends training at `iteration`, in which `what` went non-finite."""

@@ -302,9 +302,10 @@ def report_evaluations(results: dict, writer, run_dir: str, step: int, title: st
             if protocol:
                 stopped = result.lengths >= evaluation.SAFETY_BOUND
                 numbers["safety_bound_episodes"] = int(stopped.sum())
-            tag = f"eval/{protocol}/{mode}" if protocol else f"eval/{mode}"
-            writer.add_scalar(f"{tag}_return", numbers["mean"], step)
-            writer.add_scalar(f"{tag}_distinct_episodes", numbers["distinct_episodes"], step)
+            tag = evaluation.return_tag(protocol, mode)
+            writer.add_scalar(tag, numbers["mean"], step)
+            writer.add_scalar(tag.replace("_return", "_distinct_episodes"),
+                              numbers["distinct_episodes"], step)
             print(f"eval ({mode:>7}{', ' + protocol.replace('_', ' ') if protocol else ''}, "
                   f"{len(result.returns)} episodes): "
                   f"return {numbers['mean']:.2f} ± {numbers['std']:.2f}, "
