@@ -75,14 +75,15 @@ def per_seed(result: dict) -> dict:
     if "rows" in result:
         rows, policy = result["rows"], result.get("policy", "sampled")
         return {"seeds": [r["seed"] for r in rows], "args": recorded_args(result),
-                "eval_returns": [r["eval"][policy]["mean"] for r in rows],
+                "policy": policy, "eval_returns": [r["eval"][policy]["mean"] for r in rows],
                 "eval_returns_minatar": [r["eval"]["sticky_0.1"][policy]["mean"] for r in rows],
-                "curves": [r["curve"] for r in rows]}
+                "curves": [r["curve"] for r in rows],
+                "eval_curves": [r.get("eval_curve") for r in rows]}
     return {**result, "args": recorded_args(result), **(result.get("stability") or {})}
 
 
-PER_SEED = ("seeds", "eval_returns", "eval_returns_minatar", "curves", "logit_gap_max",
-            "log_ratio_min", "log_ratio_max", "non_finite")
+PER_SEED = ("seeds", "eval_returns", "eval_returns_minatar", "curves", "eval_curves",
+            "logit_gap_max", "log_ratio_min", "log_ratio_max", "non_finite")
 
 
 def result_of(files: str | list[str], seeds: list[int] | None = None) -> dict:
@@ -215,6 +216,19 @@ def below(x) -> str:
     return f"{n} ({n / len(x):.0%})"
 
 
+def reach(r: dict, b: dict, p: str) -> str:
+    """Where each seed of r, evaluated during training (--eval-every), first scores at least b's
+    mean under protocol p (r's own policy): the step and the training seconds there."""
+    target, name = np.mean(b[PROTOCOLS[p][0]]), {"g": "gymnax", "m": "minatar"}[p]
+    shown = []
+    for curve in r["eval_curves"]:
+        returns = curve[f"{name}/{r['policy']}"]
+        at = next((i for i, value in enumerate(returns) if value >= target), None)
+        shown.append(f"not by {curve['steps'][-1] / 1e6:.1f}M" if at is None else
+                     f"{curve['steps'][at] / 1e6:.1f}M steps, {curve['train_seconds'][at]:.0f} s")
+    return "; ".join(shown)
+
+
 ONE = {  # cells of one protocol's per-seed returns x (and the baseline's, bx)
     "per_seed": lambda x, bx: ", ".join(f"{v:.1f}" for v in x),
     "mean": lambda x, bx: ci(stats.summarize(x)["mean"]),
@@ -259,6 +273,8 @@ def cell(template: str, row: dict, r: dict, b: dict | None, protocol: str) -> st
             return f"{aggregate.PUBLISHED[game(who)][list(PROTOCOLS).index(p)]:g}"
         if name == "protocol":
             return PROTOCOLS[protocol][1]
+        if name == "reach":  # where r's evaluations during training first reach b's mean
+            return reach(r, b, p)
         return WHOLE[name](who, other) if name in WHOLE else str(row[name])
     return CELL.sub(one, template)
 

@@ -159,3 +159,19 @@ def test_a_pqn_result_renders_pqn_flags_and_its_greedy_returns():
     assert make_tables.command(result) == table
     returns = make_tables.per_seed(result)
     assert (returns["eval_returns"], returns["eval_returns_minatar"]) == ([2.0], [4.0])
+
+
+def test_reach_is_the_first_evaluation_at_or_above_the_baselines_mean():
+    # A run evaluated during training (--eval-every), as results_table.py records it, and a
+    # baseline whose means are 62 (gymnax's protocol) and 45 (MinAtar's).
+    curve = {"steps": [1_000_000, 2_000_000, 3_000_000], "train_seconds": [100.4, 200.0, 300.0],
+             "gymnax/greedy": [10.0, 62.0, 70.0], "minatar/greedy": [5.0, 44.0, 30.0],
+             "gymnax/sampled": [70.0, 70.0, 70.0], "minatar/sampled": [50.0, 50.0, 50.0]}
+    rows = [{"seed": 1, "args": {}, "curve": {}, "eval_curve": curve,
+             "eval": {"greedy": {"mean": 70.0}, "sticky_0.1": {"greedy": {"mean": 30.0}}}}]
+    r = make_tables.per_seed({"command": "", "policy": "greedy", "rows": rows})
+    b = {"eval_returns": [60.0, 64.0], "eval_returns_minatar": [40.0, 50.0]}
+    assert make_tables.reach(r, b, "g") == "2.0M steps, 200 s"  # 62 itself reaches it
+    assert make_tables.reach(r, b, "m") == "not by 3.0M"
+    r["eval_curves"] *= 2  # one entry per seed
+    assert make_tables.reach(r, b, "g") == "2.0M steps, 200 s; 2.0M steps, 200 s"
