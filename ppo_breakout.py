@@ -115,8 +115,8 @@ class Args:
     the clock behind SPS stops while it plays"""
     resume: str = ""
     """continue the run in this run directory from its checkpoint, with its arguments: only
-    --checkpoint-every, --jax-cache-dir and --num-devices may change (another device count continues
-    the run, not bit for bit)"""
+    --checkpoint-every, --eval-every, --jax-cache-dir and --num-devices may change (another device
+    count continues the run, not bit for bit)"""
 
     # filled at runtime
     batch_size: int = dataclasses.field(init=False, default=0)
