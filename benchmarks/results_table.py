@@ -86,7 +86,8 @@ def eval_curve(run_dir: str) -> dict | None:
     if len(steps) < 2:
         return None
     sps = {point.step: point.value for point in events.Scalars("charts/SPS")}
-    return {"steps": steps, "train_seconds": [round(step / sps[step], 1) for step in steps],
+    # Milliseconds: a tiny run's iterations on a fast CPU are a few hundredths of a second apart.
+    return {"steps": steps, "train_seconds": [round(step / sps[step], 3) for step in steps],
             **{name: [point.value for point in points] for name, points in curve.items()}}
 
 
