@@ -104,30 +104,34 @@ def compare(baseline, candidate, n_resamples: int = N_RESAMPLES, seed: int = 0) 
     The differences (candidate - baseline) of the mean and of the IQM get paired-bootstrap
     intervals: a resample draws seeds, and both settings' returns of each drawn seed. The
     probability of improvement, P(candidate run > baseline run), resamples each setting's seeds on
-    their own, as Agarwal et al. do.
+    their own, as Agarwal et al. do. One seed: the values, no intervals (None).
     """
     baseline, candidate = np.asarray(baseline, float), np.asarray(candidate, float)
     if baseline.shape != candidate.shape:
         raise ValueError(f"the settings must share their seeds; got {baseline.size} and "
                          f"{candidate.size} returns")
 
+    one = baseline.size < 2
+
     def paired(statistic):
         def difference(b, c, axis=-1):
             return statistic(c, axis=axis) - statistic(b, axis=axis)
+        if one:
+            return {"value": float(difference(baseline, candidate)), "ci": None}
         result = scipy.stats.bootstrap((baseline, candidate), difference, paired=True,
                                        method="percentile", confidence_level=CONFIDENCE,
                                        n_resamples=n_resamples, rng=np.random.default_rng(seed))
         return {"value": float(difference(baseline, candidate)), "ci": _interval(result)}
 
-    poi = scipy.stats.bootstrap((candidate, baseline), probability_of_improvement,
-                                method="percentile", confidence_level=CONFIDENCE,
-                                n_resamples=n_resamples, rng=np.random.default_rng(seed))
+    poi = None if one else _interval(scipy.stats.bootstrap(
+        (candidate, baseline), probability_of_improvement, method="percentile",
+        confidence_level=CONFIDENCE, n_resamples=n_resamples, rng=np.random.default_rng(seed)))
     return {
         "seeds": int(baseline.size),
         "mean_difference": paired(mean),
         "iqm_difference": paired(iqm),
         "probability_of_improvement": {
             "value": float(probability_of_improvement(candidate, baseline)),
-            "ci": _interval(poi),
+            "ci": poi,
         },
     }

@@ -70,3 +70,8 @@ def test_one_seed_has_no_interval_but_its_values():
     assert summary["mean"] == summary["iqm"] == {"value": 42.0, "ci": None}
     curve = stats.pooled_curve(np.array([[10.0, 40.0]]), np.array([[1, 2]]))
     assert curve == {"return": [10.0, 20.0], "low": None, "high": None}
+    # tune.py --num-seeds 1 --baseline B: the paired difference of its one seed
+    comparison = stats.compare([40.0], [42.5])
+    difference = {"value": 2.5, "ci": None}
+    assert comparison["mean_difference"] == comparison["iqm_difference"] == difference
+    assert comparison["probability_of_improvement"] == {"value": 1.0, "ci": None}
