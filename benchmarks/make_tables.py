@@ -184,7 +184,7 @@ def ci(x: dict, fmt: str = "{:.1f}") -> str:
 
 
 def seed_range(seeds: list[int]) -> str:
-    if seeds == list(range(seeds[0], seeds[-1] + 1)):
+    if len(seeds) > 1 and seeds == list(range(seeds[0], seeds[-1] + 1)):
         return f"{seeds[0]}-{seeds[-1]}"
     return ", ".join(map(str, seeds))
 
