@@ -71,8 +71,8 @@ class Args:
     """the maximum global norm of the gradient"""
     epsilon_start: float = 1.0
     """the exploration probability epsilon at the start of training"""
-    epsilon_end: float = 0.05
-    """epsilon once it has decayed"""
+    epsilon_end: float = 0.01
+    """epsilon once it has decayed (purejaxql's is 0.05, lower at 10M steps: docs/pqn_minatar.md)"""
     exploration_fraction: float = 0.1
     """the fraction of the iterations over which epsilon decays linearly, in (0, 1]"""
     hidden_sizes: tuple[int, ...] = (128,)
@@ -92,7 +92,7 @@ class Args:
     gymnax's games as they are)"""
     eval_epsilon: float = 0.05
     """epsilon of the "sampled" final evaluation; the "greedy" one takes argmax Q. 0.05 is the
-    evaluation epsilon of Nature's DQN and CleanRL's DQN, and equals epsilon_end"""
+    evaluation epsilon of Nature's DQN and CleanRL's DQN"""
     eval_episodes: int = 256
     """the number of complete episodes the final policy is evaluated on, per protocol and policy"""
     num_devices: int = 0

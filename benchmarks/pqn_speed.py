@@ -1,8 +1,9 @@
 """Training speed of pqn_minatar.py against purejaxql's PQN for MinAtar (mttga/purejaxql), side by
 side on one machine: pqn_minatar.py at each --num-devices, and purejaxql's own code under its own
 pinned packages, at the same --total-timesteps with the same configuration (its MinAtar config,
-which pqn_minatar.py's defaults are). This project's PPO (ppo_breakout.py, its defaults) runs in
-the same rounds on the same game and steps, so PQN's speed and whole-run time stand beside PPO's.
+which pqn_minatar.py's defaults are but for ε's floor, which changes no work per step). This
+project's PPO (ppo_breakout.py, its defaults) runs in the same rounds on the same game and
+steps, so PQN's speed and whole-run time stand beside PPO's.
 
 Each round runs every version once, in turn (common.alternate), so slow drifts of the machine hit
 them alike; a first, unrecorded round runs pqn_minatar.py alone to fill its compilation cache

@@ -81,9 +81,9 @@ SPACES = {
         widths=("width_1", "width_2"), study_name="breakout-ppo",
         added_args=ppo_breakout.ADDED_ARGS),
     # Around the script's defaults, purejaxql's MinAtar config (github.com/mttga/purejaxql,
-    # purejaxql/config/alg/pqn_minatar.yaml). Powers of two, so that every batch divides into every
-    # minibatch count and device count. LayerNorm stays on: it is what lets PQN learn without a
-    # target network.
+    # purejaxql/config/alg/pqn_minatar.yaml) with ε's floor at 0.01 (0.05 there). Powers of two,
+    # so that every batch divides into every minibatch count and device count. LayerNorm stays
+    # on: it is what lets PQN learn without a target network.
     "pqn_minatar": Space(
         params={
             "learning_rate": FloatDistribution(1e-4, 2e-3, log=True),
@@ -94,7 +94,7 @@ SPACES = {
             "num_minibatches": CategoricalDistribution([8, 16, 32, 64]),
             "update_epochs": IntDistribution(1, 4),
             "max_grad_norm": FloatDistribution(1.0, 20.0, log=True),
-            "epsilon_end": FloatDistribution(0.01, 0.1, log=True),
+            "epsilon_end": FloatDistribution(0.001, 0.1, log=True),
             "exploration_fraction": FloatDistribution(0.05, 0.3),
             "width": IntDistribution(64, 256, step=64),
             "conv_channels": IntDistribution(8, 32, step=8),

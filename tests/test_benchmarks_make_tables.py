@@ -121,24 +121,45 @@ def test_commands_are_rendered_from_the_arguments_the_result_recorded():
         "--ppo.env-id Asterix-MinAtar --ppo.update-epochs 2")
 
 
+def recorded_args_differing_from_todays(script_name: str, module, args: dict,
+                                        budget: bool = False) -> list[str]:
+    """The fields of `args` (a row's recorded arguments) that differ from the script's defaults
+    today (with its game's row of per-game defaults), but for the manifest's `ignore`d fields
+    (and total_timesteps, where the table chose the `budget`)."""
+    script = make_tables.manifest()["script"][script_name]
+    ignore, before = set(script["ignore"]) | ({"total_timesteps"} if budget else set()), \
+        script["before"]  # `before`: fields younger than a run
+    today = module.Args(env_id=args["env_id"])
+    for name, value in getattr(module, "GAME_DEFAULTS", {}).get(today.env_id, {}).items():
+        setattr(today, name, value)
+    differing = []
+    for f in make_tables.dataclasses.fields(today):
+        if not f.init or f.name in ignore:
+            continue
+        value = getattr(today, f.name)
+        value = list(value) if isinstance(value, tuple) else value
+        if args.get(f.name, before.get(f.name, "absent")) != value:
+            differing.append(f.name)
+    return differing
+
+
 def test_the_readmes_results_ran_with_todays_defaults():
     """Were a default changed, the README's numbers would no longer be what the script gives: rerun
-    them (benchmarks/results/games/readme_*_1M.json, commands in the README) or keep the default."""
+    them (benchmarks/results/games/readme_*_1M.json and the collection's PQN seeds, commands in the
+    README and docs/pqn_minatar.md) or keep the default."""
     import ppo_breakout
-    script = make_tables.manifest()["script"]["ppo_breakout.py"]
-    ignore, before = set(script["ignore"]), script["before"]  # `before`: fields younger than a run
+    import pqn_minatar
     for game in ("Asterix", "Breakout", "Freeway", "SpaceInvaders", "Seaquest"):
         for row in make_tables.load(f"games/readme_{game}_1M.json")["rows"]:
-            args = ppo_breakout.Args(env_id=row["args"]["env_id"])
-            for name, value in ppo_breakout.GAME_DEFAULTS.get(args.env_id, {}).items():
-                setattr(args, name, value)
-            for f in make_tables.dataclasses.fields(args):
-                if not f.init or f.name in ignore:
-                    continue
-                today = getattr(args, f.name)
-                today = list(today) if isinstance(today, tuple) else today
-                recorded = row["args"].get(f.name, before.get(f.name, "absent"))
-                assert recorded == today, (game, row["seed"], f.name)
+            assert recorded_args_differing_from_todays(
+                "ppo_breakout.py", ppo_breakout, row["args"]) == [], (game, row["seed"])
+    (collection,) = [t for t in make_tables.manifest()["table"] if t["id"] == "readme-collection"]
+    for table_row in collection["rows"]:
+        files = table_row["base"]
+        for file in [files] if isinstance(files, str) else files:
+            for row in make_tables.load(file)["rows"]:
+                assert recorded_args_differing_from_todays(
+                    "pqn_minatar.py", pqn_minatar, row["args"], budget=True) == [], file
 
 
 def test_a_pqn_result_renders_pqn_flags_and_its_greedy_returns():
@@ -175,3 +196,9 @@ def test_reach_is_the_first_evaluation_at_or_above_the_baselines_mean():
     assert make_tables.reach(r, b, "m") == "not by 3.0M"
     r["eval_curves"] *= 2  # one entry per seed
     assert make_tables.reach(r, b, "g") == "2.0M steps, 200 s; 2.0M steps, 200 s"
+
+
+def test_seeds_render_as_a_range_a_list_or_one_seed():
+    assert make_tables.seed_range([1, 2, 3]) == "1-3"
+    assert make_tables.seed_range([1, 3]) == "1, 3"
+    assert make_tables.seed_range([2]) == "2"

@@ -108,7 +108,7 @@ def test_epsilon_decays_linearly_over_the_exploration_fraction_then_stays():
     args = pqn.fill_runtime_fields(pqn.Args(total_timesteps=4096 * 100, exploration_fraction=0.2))
     epsilon = pqn.epsilon_schedule(args)
     np.testing.assert_allclose([epsilon(i) for i in (0, 10, 20, 50, 99)],
-                               [1.0, 0.525, 0.05, 0.05, 0.05], rtol=1e-6)
+                               [1.0, 0.505, 0.01, 0.01, 0.01], rtol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -370,8 +370,8 @@ def test_the_script_trains_logs_evaluates_and_saves(tiny_run):
     # 3 iterations x 2 epochs x 4 minibatches: each logs the rate of its last update (7, 15, 23).
     rates = [value for _, value in scalars["charts/learning_rate"]]
     assert rates == pytest.approx([5e-4 * (1 - k / 24) for k in (7, 15, 23)])
-    # Epsilon decays over max(1, round(0.1 x 3)) = 1 iteration: 1 on the first, then 0.05.
-    assert [value for _, value in scalars["charts/epsilon"]] == pytest.approx([1.0, 0.05, 0.05])
+    # Epsilon decays over max(1, round(0.1 x 3)) = 1 iteration: 1 on the first, then 0.01.
+    assert [value for _, value in scalars["charts/epsilon"]] == pytest.approx([1.0, 0.01, 0.01])
 
 
 def test_a_saved_model_evaluates_to_the_training_runs_own_evaluation(tiny_run, tmp_path):
