@@ -72,7 +72,7 @@ class Args:
     epsilon_start: float = 1.0
     """the exploration probability epsilon at the start of training"""
     epsilon_end: float = 0.01
-    """epsilon once it has decayed (purejaxql's is 0.05, lower at 10M steps: docs/pqn_minatar.md)"""
+    """epsilon once it has decayed (purejaxql's is 0.05: docs/pqn_minatar.md compares the two)"""
     exploration_fraction: float = 0.1
     """the fraction of the iterations over which epsilon decays linearly, in (0, 1]"""
     hidden_sizes: tuple[int, ...] = (128,)
