@@ -13,6 +13,7 @@ Run:  python benchmarks/make_tables.py            # rewrite the tables and the f
 """
 
 import dataclasses
+import functools
 import glob
 import importlib
 import json
@@ -48,6 +49,7 @@ class Args:
     """print the command behind each result file the tables use, and exit"""
 
 
+@functools.cache  # read once: every table and command consults it; nothing writes to it
 def manifest() -> dict:
     with open(os.path.join(ROOT, MANIFEST), "rb") as f:
         return tomllib.load(f)
