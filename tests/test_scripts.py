@@ -136,9 +136,14 @@ def test_diagnostics_observe_training_without_changing_it(tiny_run, tmp_path):
     without_dir = only_run_dir(tmp_path)
     with_, without = read_scalars(with_dir), read_scalars(without_dir)
     assert not any(tag.startswith("diagnostics/") for tag in without)
+    # Equal to float32's last digits: the diagnostics' outputs make another program, which XLA may
+    # fuse, and so sum, in another order (under the suite's compiler flags, conftest.py). The policy
+    # loss, a mean of terms of both signs near 0, moved by 5e-8 there.
     for tag in without:
         if tag != "charts/SPS":
-            assert without[tag] == with_[tag], tag
+            (steps, values), (steps_with, values_with) = zip(*without[tag]), zip(*with_[tag])
+            assert steps == steps_with, tag
+            assert values == pytest.approx(values_with, rel=1e-5, abs=1e-6), tag
 
 
 # --------------------------------------------------------------------------------------------------
@@ -177,14 +182,16 @@ SMOKE = ["--total-timesteps", "512", "--num-envs", "8", "--num-steps", "32",
 
 
 # MinAtar's protocol stops an endless episode at the safety bound, 100k steps: an untrained
-# Seaquest submarine reaches it (a minute of play). Lowered here, still past gymnax's 1000 steps
-# and Freeway's own 2501.
-SMOKE_SAFETY_BOUND = 3000
+# Seaquest submarine reaches it (a minute of play). Lowered here, still past gymnax's 1000 steps,
+# and on Freeway past the game's own end (step 2501), which comes first.
+def smoke_safety_bound(env_id: str) -> int:
+    return 3000 if env_id == "Freeway-MinAtar" else 1200
 
 
 @pytest.mark.parametrize("env_id", [*GAMES, "CartPole-v1"])
 def test_each_game_trains_evaluates_and_is_drawn(env_id, tmp_path, monkeypatch):
-    monkeypatch.setattr(evaluation, "SAFETY_BOUND", SMOKE_SAFETY_BOUND)
+    bound = smoke_safety_bound(env_id)
+    monkeypatch.setattr(evaluation, "SAFETY_BOUND", bound)
     # Breakout's run also sets the convolution's width: the flag reaches the network it saves
     conv_flags = ["--conv-channels", "2"] if env_id == "Breakout-MinAtar" else []
     result = run_in_process(tmp_path, "--env-id", env_id, *SMOKE, *conv_flags)
@@ -214,9 +221,9 @@ def test_each_game_trains_evaluates_and_is_drawn(env_id, tmp_path, monkeypatch):
         numbers = summary["eval"]["sticky_0.1"][mode]
         shortest, *_, longest = numbers["length_quartiles"]
         stopped = numbers["safety_bound_episodes"]
-        assert longest <= SMOKE_SAFETY_BOUND and 0 <= stopped <= 4, (mode, numbers)
-        assert (stopped == 0) == (longest < SMOKE_SAFETY_BOUND), (mode, numbers)
-        assert (stopped == 4) == (shortest == SMOKE_SAFETY_BOUND), (mode, numbers)
+        assert longest <= bound and 0 <= stopped <= 4, (mode, numbers)
+        assert (stopped == 0) == (longest < bound), (mode, numbers)
+        assert (stopped == 4) == (shortest == bound), (mode, numbers)
     assert os.path.exists(os.path.join(run_dir, "play.gif")) == grid  # the GIF draws grids too
     assert os.path.exists(os.path.join(run_dir, "behaviour.png"))
 
