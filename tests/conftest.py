@@ -7,10 +7,10 @@ import os
 import sys
 
 os.environ["JAX_NUM_CPU_DEVICES"] = "2"  # before JAX starts; inherited by the scripts' subprocesses
-# The suite checks what programs compute, not how fast they run. XLA's backend optimisations off and
-# its older fusion emitters (fewer kernels to generate) compile the runs' programs in about half the
-# time. Results move in float32's last digits (a tiny run's parameters by ~1e-6), and every test
-# compares runs made under this same setting.
+# The suite checks what programs compute, not how fast they run. With XLA's backend optimisations
+# and its CPU fusion emitters off, the runs' programs compile in less than half the time. Results
+# move in float32's last digits (a tiny run's parameters by ~1e-6), and every test compares runs
+# made under this same setting.
 os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0"
                            " --xla_cpu_use_fusion_emitters=false")
 
