@@ -17,7 +17,6 @@ Docs: docs/ppo_breakout.md
 import dataclasses
 import functools
 import sys
-import time
 from typing import Any, Literal, NamedTuple
 
 if __name__ == "__main__":  # before JAX starts: its CPU devices, and a faster start-up
@@ -34,21 +33,17 @@ import rlax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from utils import checkpoint, cli, diagnostics, evaluation, model, parallel, startup, training
-from utils.env import default_conv_channels, make_env
+from utils import cli, parallel, startup, training
+from utils.contract import Agent, RunArgs
+from utils.env import check_grid, default_conv_channels, make_env
 from utils.layers import conv_relu_pool
 
 
 @dataclasses.dataclass
-class Args:
-    exp_name: str = "ppo"
-    """the name of this experiment (part of the run directory's name)"""
-    seed: int = 1
-    """seed of the experiment (network init, environments, minibatch order, evaluation)"""
-    env_id: str = "Breakout-MinAtar"
-    """the id of the gymnax environment (any with discrete actions; MinAtar games are drawn best)"""
-    total_timesteps: int = 1_000_000
-    """total environment steps of training"""
+class Args(RunArgs):
+    """PPO's hyperparameters, on the fields every script shares (utils/contract.py: seed, game,
+    budget, devices, evaluation, checkpoints, saving)."""
+
     learning_rate: float = 5e-3
     """the learning rate of the Adam optimizer"""
     anneal_lr: bool = True
@@ -90,41 +85,14 @@ class Args:
     ratio: Literal["log", "direct"] = "log"
     """PPO's probability ratio: log, exp(log pi - log pi_old); direct, pi / pi_old as the paper
     writes it"""
-    sticky_action_prob: float = 0.1
-    """probability that the game repeats its previous action in training, as in MinAtar (0 for
-    gymnax's games as they are)"""
     diagnostics: bool = True
     """log the diagnostics/ scalars and histograms/ of each iteration's rollout and update"""
-    eval_episodes: int = 256
-    """the number of complete episodes the final policy is evaluated on, per protocol and policy"""
-    num_devices: int = 0
-    """devices the environments are split across (0: two, or one where JAX has one or the batch
-    does not split in two); a seed replays the same run only with the same count"""
-    jax_cache_dir: str = "~/.cache/jax-ppo"
-    """JAX's persistent compilation cache, so that a rerun skips compiling ("" turns it off)"""
-    save_model: bool = True
-    """save the final parameters to model.safetensors in the run directory"""
-    load_model: str = ""
-    """evaluate this model.safetensors instead of training (its header gives game and network)"""
-    checkpoint_every: int = 5
-    """write the whole training state to the run directory's checkpoint.safetensors every this many
-    iterations and when the run stops (0: never)"""
-    eval_every: int = 0
-    """also evaluate the policy as at the end (both protocols, both policies, --eval-episodes each)
-    every this many iterations, logged under the final evaluation's eval/ tags (0: only at the end);
-    the clock behind SPS stops while it plays"""
-    resume: str = ""
-    """continue the run in this run directory from its checkpoint, with its arguments: only
-    --checkpoint-every, --eval-every, --jax-cache-dir and --num-devices may change (another device
-    count continues the run, not bit for bit)"""
 
     # filled at runtime
     batch_size: int = dataclasses.field(init=False, default=0)
     """the rollout size, num_envs * num_steps"""
     minibatch_size: int = dataclasses.field(init=False, default=0)
     """the minibatch size, batch_size // num_minibatches"""
-    num_iterations: int = dataclasses.field(init=False, default=0)
-    """the number of PPO iterations, total_timesteps // batch_size"""
 
 
 # Per-game defaults, only where the evidence shows that one setting cannot serve every game (as in
@@ -470,7 +438,7 @@ def iteration_metrics(args: Args, iteration: Iteration,
     metrics["finite"] = all_finite(train_state.params, losses)
     if args.diagnostics:
         active_units = traj.active_units.any(axis=0)
-        metrics |= diagnostics.training_diagnostics(batch, active_units, infos["log_ratio"])
+        metrics |= training_diagnostics(batch, active_units, infos["log_ratio"])
     return metrics
 
 
@@ -480,7 +448,7 @@ def iteration_scalars(args: Args, metrics: dict) -> dict[str, float]:
     scalars = {"charts/learning_rate": metrics["learning_rate"]}
     scalars |= {f"losses/{name}": metrics[name] for name in LOSS_METRICS}
     if args.diagnostics:
-        scalars |= {f"diagnostics/{name}": metrics[name] for name in diagnostics.DIAGNOSTICS}
+        scalars |= {f"diagnostics/{name}": metrics[name] for name in DIAGNOSTICS}
         frequencies = enumerate(metrics["action_frequency"])
         scalars |= {f"diagnostics/action_{a}_frequency": f for a, f in frequencies}
     return scalars
@@ -497,6 +465,46 @@ def first_non_finite(metrics: dict) -> str:
 
 LOSS_METRICS = ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac",
                 "explained_variance")
+
+
+# --------------------------------------------------------------------------------------------------
+# Diagnostics (--diagnostics): summaries of each iteration's rollout and update, computed inside the
+# jitted step so that only a few numbers and fixed-bin histograms reach the host
+# --------------------------------------------------------------------------------------------------
+HISTOGRAM_BINS = 30
+LOG_RATIO_RANGE = 1.0  # log-ratio histograms span [-1, 1]; values beyond count in the end bins
+DIAGNOSTICS = ("grad_norm", "logit_gap_max", "log_ratio_min", "log_ratio_max", "advantage_mean",
+               "advantage_std", "value_error", "silent_units")
+
+
+def bin_counts(x: jax.Array, low: jax.Array | float, high: jax.Array | float) -> jax.Array:
+    """Counts of `x` in HISTOGRAM_BINS equal bins over [low, high], values outside in the end bins
+    (one comparison per bin: on a CPU far cheaper than jnp.histogram's search)."""
+    bins = jnp.floor((x.ravel() - low) / (high - low) * HISTOGRAM_BINS)
+    bins = jnp.clip(bins, 0, HISTOGRAM_BINS - 1).astype(jnp.int32)
+    return (bins[:, None] == jnp.arange(HISTOGRAM_BINS)).sum(0)
+
+
+def training_diagnostics(batch, active_units: jax.Array, log_ratio: jax.Array) -> dict:
+    """The diagnostics/ scalars and histograms of one iteration: the logit gap (what
+    loss_stability.py sweeps), the log-ratio range, advantage and value statistics, torso units
+    silent on the whole rollout, action frequencies. `batch` is the update's Batch, `active_units`
+    which torso features fired on some observation of the rollout, `log_ratio` the update's
+    log-ratios of every minibatch step."""
+    spread = {"logits": batch.logits, "advantage": batch.advantage, "value": batch.value}
+    edges = {name: (x.min(), jnp.maximum(x.max(), x.min() + 1e-6)) for name, x in spread.items()}
+    edges["log_ratio"] = (-LOG_RATIO_RANGE, LOG_RATIO_RANGE)
+    data = spread | {"log_ratio": log_ratio}
+    histograms = {name: {"counts": bin_counts(data[name], *edges[name]),
+                         "edges": jnp.linspace(*edges[name], HISTOGRAM_BINS + 1)} for name in edges}
+    actions = jnp.bincount(batch.action, length=batch.logits.shape[-1])
+    return {"logit_gap_max": (batch.logits.max(-1) - batch.logits.min(-1)).max(),
+            "log_ratio_min": log_ratio.min(), "log_ratio_max": log_ratio.max(),
+            "advantage_mean": batch.advantage.mean(), "advantage_std": batch.advantage.std(),
+            "value_error": jnp.sqrt(jnp.square(batch.target - batch.value).mean()),
+            "silent_units": 1.0 - active_units.mean(),
+            "action_frequency": actions / actions.sum(),
+            "histograms": histograms}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -559,8 +567,18 @@ NETWORK_ARGS = ("env_id", "hidden_sizes", "activation", "layer_norm", "conv_chan
 ADDED_ARGS = {"conv_channels": 0}
 
 
+def fill_defaults(args: Args, given: set[str]) -> None:
+    """The game's row of GAME_DEFAULTS fills the fields the command line leaves unset; an
+    environment whose observations are not a grid gets no convolution unless one is given."""
+    for name, value in GAME_DEFAULTS.get(args.env_id, {}).items():
+        if name not in given:
+            setattr(args, name, value)
+    if "conv_channels" not in given:
+        args.conv_channels = default_conv_channels(args.env_id, args.conv_channels)
+
+
 def check_args(args: Args) -> str | None:
-    """What is wrong with `args`, or None; runs before anything is compiled or written."""
+    """What is wrong with PPO's own arguments, or None (utils/cli.py checks the shared ones)."""
     error = cli.check_numbers(
         args, positive_finite=("learning_rate", "max_grad_norm"),
         non_negative_finite=("ent_coef", "vf_coef"), unit_interval=("gamma", "gae_lambda"))
@@ -568,97 +586,86 @@ def check_args(args: Args) -> str | None:
         return error
     if not 0 < args.clip_coef <= 1:
         return f"--clip-coef must be in (0, 1], got {args.clip_coef}"
-    # The rollout's shape, the seed, names, devices, paths, network, environment and memory.
-    return cli.check_run_args(args)
-
-
-def take_saved_args(args: Args, given: set[str]) -> str | None:
-    """--load-model and --resume bring the arguments they were saved with; otherwise the game's
-    row of GAME_DEFAULTS fills the fields the command line leaves unset. An error, or None."""
-    if args.load_model or args.resume:
-        return training.take_saved_args(__file__, args, given, NETWORK_ARGS, ADDED_ARGS)
-    for name, value in GAME_DEFAULTS.get(args.env_id, {}).items():
-        if name not in given:
-            setattr(args, name, value)
-    if "conv_channels" not in given:  # the default convolution needs a grid (CartPole's is not)
-        args.conv_channels = default_conv_channels(args.env_id, args.conv_channels)
-    return None
+    if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
+        return f"--hidden-sizes must be one or more positive widths, got {args.hidden_sizes}"
+    if args.conv_channels < 0:
+        return f"--conv-channels must be 0 (none) or positive, got {args.conv_channels}"
+    return cli.check_rollout(args) or check_grid(args.env_id, args.conv_channels)
 
 
 def fill_runtime_fields(args: Args) -> Args:
-    args.batch_size = args.num_envs * args.num_steps
+    args.batch_size = args.steps_per_iteration = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
-    args.num_devices = cli.default_num_devices(args)
+    args.num_devices = cli.default_num_devices(args.num_devices, args.num_envs,
+                                               args.minibatch_size)
     return args
 
 
+# What the machinery needs besides make_agent (utils/contract.py): the policy the results report;
+# the fields that only add logging, off in the many-seed harness; the metrics whose extremes its
+# --stability records; the search's space (benchmarks/search.py: a list is a choice, (low, high)
+# a uniform float, "log" after them log-uniform, a range integers, one range per torso layer).
+HEADLINE_POLICY = "sampled"
+QUIET_ARGS = {"diagnostics": False}
+STABILITY_METRICS = {"logit_gap_max": "max", "log_ratio_min": "min", "log_ratio_max": "max"}
+SEARCH_SPACE = {
+    "learning_rate": (1e-3, 2e-2, "log"), "anneal_lr": [True, False], "num_envs": [32, 64, 128],
+    "num_steps": [64, 128, 256], "gamma": (0.97, 0.999), "gae_lambda": (0.8, 0.99),
+    "num_minibatches": [4, 8, 16, 32, 64], "update_epochs": range(2, 7),
+    "norm_adv": [True, False], "clip_coef": (0.1, 0.3), "clip_vloss": [True, False],
+    "ent_coef": (1e-3, 5e-2, "log"), "vf_coef": (0.25, 1.0), "max_grad_norm": (0.25, 2.0, "log"),
+    "hidden_sizes": (range(32, 129, 32), range(32, 97, 32)), "activation": ["crelu", "relu"],
+}
+
+
 # --------------------------------------------------------------------------------------------------
-# Main: set up, compile, train, evaluate, save
+# Main: the agent handed to the run, then the training loop
 # --------------------------------------------------------------------------------------------------
-def main() -> None:
-    # Set up: arguments, JAX, the environment, the network and the keys.
-    wall_start = time.time()
-    args = cli.parse_args(Args, check_args, __doc__.split("\n\n")[0], take_saved=take_saved_args)
-    startup.configure_compilation_cache(args.jax_cache_dir)
-    fill_runtime_fields(args)
-    env, env_params = make_env(args.env_id, args.sticky_action_prob)
+def act(network: hk.Transformed, params: hk.Params, obs: jax.Array, key: jax.Array,
+        greedy: jax.Array) -> jax.Array:
+    """The policy's actions: sampled from its logits, or their argmax where `greedy`."""
+    logits, _ = network.apply(params, obs)
+    return jnp.where(greedy, jnp.argmax(logits, axis=-1), jax.random.categorical(key, logits))
+
+
+def make_agent(args: Args, env, env_params) -> Agent:
+    """The network, optimizer, initial state, update step and policy that the run compiles,
+    checkpoints, evaluates and saves (utils/training.py)."""
     network = make_network(env.action_space(env_params).n, args.hidden_sizes, args.activation,
                            args.layer_norm, args.conv_channels)
-    runner_key, eval_key = jax.random.split(jax.random.key(args.seed))
+    optimizer = make_optimizer(args)
+    parts = (args, env, env_params, network, optimizer)
+    return Agent(
+        network=network, optimizer=optimizer,
+        init=functools.partial(init_runner, env=env, env_params=env_params, network=network,
+                               optimizer=optimizer, num_envs=args.num_envs),
+        update_step=make_update_step(*parts),
+        parallel_update_step=functools.partial(make_parallel_update_step, *parts),
+        state_specs=RUNNER_SPECS, params=lambda runner: runner.train_state.params,
+        act=functools.partial(act, network))
 
-    # Compile ahead of time, before the run directory exists and before the clock for SPS starts.
-    compile_start = time.time()
-    start = None  # where training starts: from scratch, or --resume's checkpoint
-    if args.load_model:
-        obs = jax.eval_shape(env.reset, runner_key, env_params)[0]
-        params = cli.or_exit(model.load_params, args.load_model, network, obs, args,
-                             NETWORK_ARGS, ADDED_ARGS)
-    else:
-        optimizer = make_optimizer(args)
-        mesh = parallel.make_mesh(args.num_devices)
-        init = jax.jit(functools.partial(init_runner, env=env, env_params=env_params,
-                                         network=network, optimizer=optimizer,
-                                         num_envs=args.num_envs),
-                       out_shardings=parallel.shardings(mesh, RUNNER_SPECS))
-        if args.resume:  # read before anything is written
-            runner, start = cli.or_exit(checkpoint.load_checkpoint, __file__, args.resume,
-                                        jax.eval_shape(init, runner_key),
-                                        parallel.shardings(mesh, RUNNER_SPECS))
-        else:
-            runner = init(runner_key)
-        update_step = make_parallel_update_step(args, env, env_params, network, optimizer, mesh)
-        update_step = update_step.lower(runner).compile()
-        params = runner.train_state.params
-    play = evaluation.compile_final_evaluation(
-        env, args.env_id, env_params, lambda p, o: network.apply(p, o)[0], args.eval_episodes,
-        args.num_devices, eval_key, params)
-    startup.release_freed_memory()  # what the compiler used
-    compile_seconds = time.time() - compile_start
 
-    # The run's directory, log, checkpoints and summary.json (utils/training.py).
-    with training.Run(__file__, args, start, compile_seconds, wall_start) as run:
-        # Train: each iteration is one jitted update_step; the rest of the loop keeps the books.
-        if not args.load_model:
-            for iteration in run.iterations():  # after Ctrl-C, no further iteration
-                next_runner, metrics = update_step(runner)
-                metrics = jax.device_get(metrics)  # the one host transfer per iteration
-                run.log_iteration(iteration, metrics, iteration_scalars(args, metrics),
-                                  metrics.get("histograms"))
-                if not metrics["finite"]:  # stop, keeping the parameters from before it
-                    run.stop_non_finite(iteration, first_non_finite(metrics))
-                    break
-                runner = next_runner
-                run.end_iteration(iteration, runner)  # progress line; checkpoint every few
-                run.evaluate_every(iteration, play, runner.train_state.params)  # --eval-every
-            run.finish(runner)
-            params = runner.train_state.params
-
-        # Evaluate the final policy under both protocols, draw it, and save it.
-        if run.completed:
-            run.evaluate(play, params)
-        if args.save_model and not args.load_model:
-            run.save_model(params, NETWORK_ARGS)
+def main() -> None:
+    args = training.parse_args(sys.modules[__name__])
+    env, env_params = make_env(args.env_id, args.sticky_action_prob)
+    agent = make_agent(args, env, env_params)
+    # Compiled ahead of time; then the run's directory, log, checkpoints and summary.json.
+    with training.Run(sys.modules[__name__], args, agent, env, env_params) as run:
+        runner = run.state  # fresh, or --resume's (None with --load-model: no training)
+        for iteration in run.iterations():  # after Ctrl-C, no further iteration
+            next_runner, metrics = run.update_step(runner)
+            metrics = jax.device_get(metrics)  # the one host transfer per iteration
+            run.log_iteration(iteration, metrics, iteration_scalars(args, metrics),
+                              metrics.get("histograms"))
+            if not metrics["finite"]:  # stop, keeping the parameters from before it
+                run.stop_non_finite(iteration, first_non_finite(metrics))
+                break
+            runner = next_runner
+            run.end_iteration(iteration, runner)  # progress; checkpoint and --eval-every
+        run.finish(runner)  # the last checkpoint
+        run.evaluate(runner)  # both protocols, both policies: summary.json, play.gif, pictures
+        run.save_model(runner)  # model.safetensors
     sys.exit(run.exit_code)
 
 

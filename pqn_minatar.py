@@ -20,7 +20,6 @@ Docs: docs/pqn_minatar.md
 import dataclasses
 import functools
 import sys
-import time
 from typing import Any, Literal, NamedTuple
 
 if __name__ == "__main__":  # before JAX starts: its CPU devices, and a faster start-up
@@ -38,21 +37,16 @@ import rlax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from utils import checkpoint, cli, evaluation, layers, model, parallel, startup, training
-from utils.env import default_conv_channels, make_env
+from utils import cli, layers, parallel, startup, training
+from utils.contract import Agent, RunArgs
+from utils.env import check_grid, default_conv_channels, make_env
 
 
 @dataclasses.dataclass
-class Args:
-    exp_name: str = "pqn"
-    """the name of this experiment (part of the run directory's name)"""
-    seed: int = 1
-    """seed of the experiment (network init, environments, exploration, minibatch order,
-    evaluation)"""
-    env_id: str = "Breakout-MinAtar"
-    """the id of the gymnax environment (any with discrete actions; MinAtar games are drawn best)"""
-    total_timesteps: int = 1_000_000
-    """total environment steps of training"""
+class Args(RunArgs):
+    """PQN's hyperparameters, on the fields every script shares (utils/contract.py: seed, game,
+    budget, devices, evaluation, checkpoints, saving)."""
+
     learning_rate: float = 5e-4
     """the learning rate of the RAdam optimizer, decayed linearly to 0 over training"""
     num_envs: int = 128
@@ -87,42 +81,15 @@ class Args:
     """pooled: zero-padded convolution, ReLU, 2x2 average pooling (5x5 cells of features on
     MinAtar); purejaxql: its network's, the input divided by 255, an unpadded convolution, LayerNorm
     (with --layer-norm), ReLU (8x8 cells), and flax's LayerNorm epsilon 1e-6 in every layer"""
-    sticky_action_prob: float = 0.1
-    """probability that the game repeats its previous action in training, as in MinAtar (0 for
-    gymnax's games as they are)"""
     eval_epsilon: float = 0.05
     """epsilon of the "sampled" final evaluation; the "greedy" one takes argmax Q. 0.05 is the
     evaluation epsilon of Nature's DQN and CleanRL's DQN"""
-    eval_episodes: int = 256
-    """the number of complete episodes the final policy is evaluated on, per protocol and policy"""
-    num_devices: int = 0
-    """devices the environments are split across (0: two where JAX has two or more and the batch
-    splits in two, else one); a seed replays the same run only with the same count"""
-    jax_cache_dir: str = "~/.cache/jax-pqn"
-    """JAX's persistent compilation cache, so that a rerun skips compiling ("" turns it off)"""
-    save_model: bool = True
-    """save the final parameters to model.safetensors in the run directory"""
-    load_model: str = ""
-    """evaluate this model.safetensors instead of training (its header gives game and network)"""
-    checkpoint_every: int = 10
-    """write the whole training state to the run directory's checkpoint.safetensors every this many
-    iterations and when the run stops (0: never)"""
-    eval_every: int = 0
-    """also evaluate the policy as at the end (both protocols, both policies, --eval-episodes each)
-    every this many iterations, logged under the final evaluation's eval/ tags (0: only at the end);
-    the clock behind SPS stops while it plays"""
-    resume: str = ""
-    """continue the run in this run directory from its checkpoint, with its arguments: only
-    --checkpoint-every, --eval-every, --jax-cache-dir and --num-devices may change (another device
-    count continues the run, not bit for bit)"""
 
     # filled at runtime
     batch_size: int = dataclasses.field(init=False, default=0)
     """the rollout size, num_envs * num_steps"""
     minibatch_size: int = dataclasses.field(init=False, default=0)
     """the minibatch size, batch_size // num_minibatches"""
-    num_iterations: int = dataclasses.field(init=False, default=0)
-    """the number of iterations (rollout, then update), total_timesteps // batch_size"""
 
 
 # --------------------------------------------------------------------------------------------------
@@ -459,8 +426,15 @@ NETWORK_ARGS = ("env_id", "hidden_sizes", "conv_channels", "conv_style", "layer_
 ADDED_ARGS = {"conv_style": "pooled"}
 
 
+def fill_defaults(args: Args, given: set[str]) -> None:
+    """An environment whose observations are not a grid gets no convolution unless one is
+    given."""
+    if "conv_channels" not in given:
+        args.conv_channels = default_conv_channels(args.env_id, args.conv_channels)
+
+
 def check_args(args: Args) -> str | None:
-    """What is wrong with `args`, or None; runs before anything is compiled or written."""
+    """What is wrong with PQN's own arguments, or None (utils/cli.py checks the shared ones)."""
     error = cli.check_numbers(
         args, positive_finite=("learning_rate", "max_grad_norm"),
         unit_interval=("gamma", "q_lambda", "epsilon_start", "epsilon_end", "eval_epsilon"))
@@ -468,96 +442,84 @@ def check_args(args: Args) -> str | None:
         return error
     if not 0 < args.exploration_fraction <= 1:
         return f"--exploration-fraction must be in (0, 1], got {args.exploration_fraction}"
-    # The rollout's shape, the seed, names, devices, paths, network, environment and memory.
-    return cli.check_run_args(args)
-
-
-def take_saved_args(args: Args, given: set[str]) -> str | None:
-    """--load-model and --resume bring the arguments they were saved with; otherwise an
-    environment whose observations are not a grid gets no convolution. An error, or None."""
-    if args.load_model or args.resume:
-        return training.take_saved_args(__file__, args, given, NETWORK_ARGS, ADDED_ARGS)
-    if "conv_channels" not in given:
-        args.conv_channels = default_conv_channels(args.env_id, args.conv_channels)
-    return None
+    if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
+        return f"--hidden-sizes must be one or more positive widths, got {args.hidden_sizes}"
+    if args.conv_channels < 0:
+        return f"--conv-channels must be 0 (none) or positive, got {args.conv_channels}"
+    return cli.check_rollout(args) or check_grid(args.env_id, args.conv_channels)
 
 
 def fill_runtime_fields(args: Args) -> Args:
-    args.batch_size = args.num_envs * args.num_steps
+    args.batch_size = args.steps_per_iteration = args.num_envs * args.num_steps
     args.minibatch_size = args.batch_size // args.num_minibatches
     args.num_iterations = args.total_timesteps // args.batch_size
-    args.num_devices = cli.default_num_devices(args)
+    args.num_devices = cli.default_num_devices(args.num_devices, args.num_envs,
+                                               args.minibatch_size)
     return args
 
 
+# What the machinery needs besides make_agent (utils/contract.py): the policy the results report
+# (argmax Q, PQN's own test protocol); the search's space (benchmarks/search.py), around
+# purejaxql's MinAtar config (github.com/mttga/purejaxql, purejaxql/config/alg/pqn_minatar.yaml)
+# with epsilon's floor at 0.01. Powers of two, so that every batch divides into every minibatch
+# count and device count. LayerNorm stays on: it is what lets PQN learn without a target network.
+HEADLINE_POLICY = "greedy"
+SEARCH_SPACE = {
+    "learning_rate": (1e-4, 2e-3, "log"), "num_envs": [64, 128, 256], "num_steps": [16, 32, 64],
+    "gamma": (0.97, 0.995), "q_lambda": (0.3, 0.9), "num_minibatches": [8, 16, 32, 64],
+    "update_epochs": range(1, 5), "max_grad_norm": (1.0, 20.0, "log"),
+    "epsilon_end": (0.001, 0.1, "log"), "exploration_fraction": (0.05, 0.3),
+    "hidden_sizes": (range(64, 257, 64),), "conv_channels": range(8, 33, 8),
+}
+
+
 # --------------------------------------------------------------------------------------------------
-# Main: set up, compile, train, evaluate, save
+# Main: the agent handed to the run, then the training loop
 # --------------------------------------------------------------------------------------------------
-def main() -> None:
-    # Set up: arguments, JAX, the environment, the network and the keys.
-    wall_start = time.time()
-    args = cli.parse_args(Args, check_args, __doc__.split("\n\n")[0], take_saved=take_saved_args)
-    startup.configure_compilation_cache(args.jax_cache_dir)
-    fill_runtime_fields(args)
-    env, env_params = make_env(args.env_id, args.sticky_action_prob)
+def act(network: hk.Transformed, eval_epsilon: float, params: hk.Params, obs: jax.Array,
+        key: jax.Array, greedy: jax.Array) -> jax.Array:
+    """argmax Q where `greedy`, else epsilon-greedy at --eval-epsilon."""
+    q_values = network.apply(params, obs)
+    sampled = distrax.EpsilonGreedy(q_values, eval_epsilon).sample(seed=key)
+    return jnp.where(greedy, jnp.argmax(q_values, axis=-1), sampled)
+
+
+def make_agent(args: Args, env, env_params) -> Agent:
+    """The network, optimizer, initial state, update step and policy that the run compiles,
+    checkpoints, evaluates and saves (utils/training.py)."""
     network = make_network(env.action_space(env_params).n, args.hidden_sizes, args.layer_norm,
                            args.conv_channels, args.conv_style)
-    runner_key, eval_key = jax.random.split(jax.random.key(args.seed))
+    optimizer = make_optimizer(args)
+    parts = (args, env, env_params, network, optimizer)
+    return Agent(
+        network=network, optimizer=optimizer,
+        init=functools.partial(init_runner, env=env, env_params=env_params, network=network,
+                               optimizer=optimizer, num_envs=args.num_envs),
+        update_step=make_update_step(*parts),
+        parallel_update_step=functools.partial(make_parallel_update_step, *parts),
+        state_specs=RUNNER_SPECS, params=lambda runner: runner.train_state.params,
+        act=functools.partial(act, network, args.eval_epsilon))
 
-    # Compile ahead of time, before the run directory exists and before the clock for SPS starts.
-    compile_start = time.time()
-    start = None  # where training starts: from scratch, or --resume's checkpoint
-    if args.load_model:
-        obs = jax.eval_shape(env.reset, runner_key, env_params)[0]
-        params = cli.or_exit(model.load_params, args.load_model, network, obs, args,
-                             NETWORK_ARGS, ADDED_ARGS)
-    else:
-        optimizer = make_optimizer(args)
-        mesh = parallel.make_mesh(args.num_devices)
-        init = jax.jit(functools.partial(init_runner, env=env, env_params=env_params,
-                                         network=network, optimizer=optimizer,
-                                         num_envs=args.num_envs),
-                       out_shardings=parallel.shardings(mesh, RUNNER_SPECS))
-        if args.resume:  # read before anything is written
-            runner, start = cli.or_exit(checkpoint.load_checkpoint, __file__, args.resume,
-                                        jax.eval_shape(init, runner_key),
-                                        parallel.shardings(mesh, RUNNER_SPECS))
-        else:
-            runner = init(runner_key)
-        update_step = make_parallel_update_step(args, env, env_params, network, optimizer, mesh)
-        update_step = update_step.lower(runner).compile()
-        params = runner.train_state.params
-    # The evaluation samples from a policy's logits ("sampled") or takes their argmax ("greedy"):
-    # the log-probabilities of epsilon-greedy at --eval-epsilon give the one and argmax Q the other.
-    eval_policy = lambda p, obs: distrax.EpsilonGreedy(  # noqa: E731
-        network.apply(p, obs), args.eval_epsilon).logits
-    play = evaluation.compile_final_evaluation(
-        env, args.env_id, env_params, eval_policy, args.eval_episodes, args.num_devices, eval_key,
-        params)
-    compile_seconds = time.time() - compile_start
 
-    # The run's directory, log, checkpoints and summary.json (utils/training.py).
-    with training.Run(__file__, args, start, compile_seconds, wall_start) as run:
-        # Train: each iteration is one jitted update_step; the rest of the loop keeps the books.
-        if not args.load_model:
-            for iteration in run.iterations():  # after Ctrl-C, no further iteration
-                next_runner, metrics = update_step(runner)
-                metrics = jax.device_get(metrics)  # the one host transfer per iteration
-                run.log_iteration(iteration, metrics, iteration_scalars(metrics))
-                if not metrics["finite"]:  # stop, keeping the parameters from before it
-                    run.stop_non_finite(iteration, first_non_finite(metrics))
-                    break
-                runner = next_runner
-                run.end_iteration(iteration, runner)  # progress line; checkpoint every few
-                run.evaluate_every(iteration, play, runner.train_state.params)  # --eval-every
-            run.finish(runner)
-            params = runner.train_state.params
-
-        # Evaluate the final Q-network under both protocols, draw it, and save it.
-        if run.completed:
-            run.evaluate(play, params)
-        if args.save_model and not args.load_model:
-            run.save_model(params, NETWORK_ARGS)
+def main() -> None:
+    args = training.parse_args(sys.modules[__name__])
+    env, env_params = make_env(args.env_id, args.sticky_action_prob)
+    agent = make_agent(args, env, env_params)
+    # Compiled ahead of time; then the run's directory, log, checkpoints and summary.json.
+    with training.Run(sys.modules[__name__], args, agent, env, env_params) as run:
+        runner = run.state  # fresh, or --resume's (None with --load-model: no training)
+        for iteration in run.iterations():  # after Ctrl-C, no further iteration
+            next_runner, metrics = run.update_step(runner)
+            metrics = jax.device_get(metrics)  # the one host transfer per iteration
+            run.log_iteration(iteration, metrics, iteration_scalars(metrics))
+            if not metrics["finite"]:  # stop, keeping the parameters from before it
+                run.stop_non_finite(iteration, first_non_finite(metrics))
+                break
+            runner = next_runner
+            run.end_iteration(iteration, runner)  # progress; checkpoint and --eval-every
+        run.finish(runner)  # the last checkpoint
+        run.evaluate(runner)  # both protocols, both policies: summary.json, play.gif, pictures
+        run.save_model(runner)  # model.safetensors
     sys.exit(run.exit_code)
 
 

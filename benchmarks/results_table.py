@@ -1,5 +1,5 @@
-"""Reproduces the README's results tables: an algorithm script (ppo_breakout.py, or pqn_minatar.py
-with --script pqn_minatar) run once per seed, each as its own process.
+"""Reproduces the README's results tables: an algorithm script (ppo_breakout.py, or any other that
+keeps utils/contract.py, e.g. --script pqn_minatar) run once per seed, each as its own process.
 
 Each run is timed from outside (process start to exit, so imports, compilation, training, evaluation
 and the pictures all count), its peak memory read from the OS, and its summary.json read back. The
@@ -21,7 +21,6 @@ import os
 import shlex
 import sys
 import time
-from typing import Literal
 
 import numpy as np
 import tyro
@@ -32,14 +31,11 @@ from benchmarks import common  # noqa: E402
 from utils import files  # noqa: E402
 from utils.evaluation import EVALUATIONS, PROTOCOL_OF, return_tag  # noqa: E402
 
-# The policy each script reports first: PPO samples its actions, PQN's own test is greedy.
-POLICY = {"ppo_breakout": "sampled", "pqn_minatar": "greedy"}
-
 
 @dataclasses.dataclass
 class Args:
-    script: Literal["ppo_breakout", "pqn_minatar"] = "ppo_breakout"
-    """the algorithm script run"""
+    script: str = "ppo_breakout"
+    """the algorithm script run: a script of this project by name, or the path of one"""
     seeds: tuple[int, ...] = (1, 2, 3, 4, 5)
     """the seeds to run, one process each, one after another"""
     total_timesteps: int = 1_000_000
@@ -95,7 +91,8 @@ def row_of(summary: dict, run_dir: str, wall_seconds: float, peak_gb: float | No
            started: float) -> dict:
     """A seed's row: its evaluation, times, curve, arguments and model digest (and the
     evaluations during training, with --eval-every)."""
-    row = {"seed": summary["seed"], "eval": summary["eval"], "wall_seconds": wall_seconds,
+    row = {"seed": summary["seed"], "policy": summary["policy"], "eval": summary["eval"],
+           "wall_seconds": wall_seconds,
            "compile_seconds": summary["compile_seconds"], "sps": summary["sps"],
            "peak_gb": peak_gb, "run_dir": run_dir, "curve": learning_curve(run_dir, started),
            "args": summary["args"], "model_sha256": model_digest(run_dir)}
@@ -123,6 +120,11 @@ def model_digest(run_dir: str) -> str | None:
     if not os.path.exists(path):
         return None
     return files.source_digest(path)
+
+
+def headline_policy(rows: list[dict]) -> str:
+    """The policy the script reports, from its runs' summary.json."""
+    return rows[0]["policy"]
 
 
 def print_table(table: dict) -> None:
@@ -184,18 +186,19 @@ def main() -> None:
         flags = ["--seed", str(seed), "--total-timesteps", str(args.total_timesteps),
                  "--num-devices", str(args.num_devices), "--exp-name", args.exp_name, *script_args]
         started = time.time()
-        run = common.run_timed(common.script_command(f"{args.script}.py", flags))
+        script = args.script if args.script.endswith(".py") else f"{args.script}.py"
+        run = common.run_timed(common.script_command(script, flags))
         if run.returncode != 0:  # the script's own error line, and its exit status (2: bad args)
             print(f"error: seed {seed} failed: {run.stderr.strip()}", file=sys.stderr)
             sys.exit(run.returncode)
         summary, summary_path = common.read_summary(run.stdout)
         run_dir = os.path.relpath(os.path.dirname(summary_path))
         rows.append(row_of(summary, run_dir, run.wall_seconds, run.peak_rss_mb / 2**10, started))
-        policy = POLICY[args.script]
+        policy = summary["policy"]  # the script's headline policy
         print(f"seed {seed}: {policy} {summary['eval'][policy]['mean']:.2f}, "
               f"wall {run.wall_seconds:.1f}s", file=sys.stderr)
     table = {"command": "python benchmarks/results_table.py " + shlex.join(sys.argv[1:]),
-             "script": args.script, "policy": POLICY[args.script], "cpu": common.machine(),
+             "script": args.script, "policy": headline_policy(rows), "cpu": common.machine(),
              "rows": rows, "date": common.utc_date()}
     print_table(table)
     if args.out:

@@ -1,6 +1,6 @@
 """Hyperparameter search: an Optuna study over an algorithm script's settings, a trial a harness
-run. --script names the script: ppo_breakout (the default; fixed settings as --ppo.* flags) or
-pqn_minatar (--pqn.*); each has its own search space and default study name.
+run. --script names the script, as for benchmarks/tune.py (the default ppo_breakout, fixed settings
+as --ppo.* flags; pqn_minatar, --pqn.*); the space is the script's own SEARCH_SPACE.
 
 Each trial trains --num-seeds seeds at once with benchmarks/tune.py's `train_seeds` and scores the
 interquartile mean (IQM) of their evaluation returns. After each chunk of training it reports the
@@ -28,11 +28,10 @@ import socket
 import sys
 import time
 import warnings
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import optuna
 import sqlalchemy
-import tyro
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState
 
@@ -40,83 +39,51 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import stats, tune  # noqa: E402  (tune sets up JAX's devices first)
 from utils import startup  # noqa: E402
 
-ppo_breakout, pqn_minatar = tune.ppo_breakout, tune.pqn_minatar
 # Heartbeats and their retry callback are marked experimental; they are what lets a study resume.
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
 class Space(NamedTuple):
     """One script's search: its parameters by name (the torso's widths are parameters of their own,
-    named in `widths`), its default study name, and the Args fields added since its first studies
-    with the value they ran with (see ppo_breakout.ADDED_ARGS)."""
+    named in `widths`), and the Args fields added since its first studies with the value they ran
+    with (the script's ADDED_ARGS)."""
     params: dict
     widths: tuple[str, ...]
-    study_name: str
     added_args: dict
 
 
-# Each script's search: the Args fields that shape learning, by name, except the environment, the
-# step budget and the seed.
-SPACES = {
-    "ppo_breakout": Space(
-        params={
-            "learning_rate": FloatDistribution(1e-3, 2e-2, log=True),
-            "anneal_lr": CategoricalDistribution([True, False]),
-            "num_envs": CategoricalDistribution([32, 64, 128]),
-            "num_steps": CategoricalDistribution([64, 128, 256]),
-            "gamma": FloatDistribution(0.97, 0.999),
-            "gae_lambda": FloatDistribution(0.8, 0.99),
-            "num_minibatches": CategoricalDistribution([4, 8, 16, 32, 64]),
-            "update_epochs": IntDistribution(2, 6),
-            "norm_adv": CategoricalDistribution([True, False]),
-            "clip_coef": FloatDistribution(0.1, 0.3),
-            "clip_vloss": CategoricalDistribution([True, False]),
-            "ent_coef": FloatDistribution(1e-3, 5e-2, log=True),
-            "vf_coef": FloatDistribution(0.25, 1.0),
-            "max_grad_norm": FloatDistribution(0.25, 2.0, log=True),
-            "width_1": IntDistribution(32, 128, step=32),
-            "width_2": IntDistribution(32, 96, step=32),
-            "activation": CategoricalDistribution(["crelu", "relu"]),
-        },
-        widths=("width_1", "width_2"), study_name="breakout-ppo",
-        added_args=ppo_breakout.ADDED_ARGS),
-    # Around the script's defaults, purejaxql's MinAtar config (github.com/mttga/purejaxql,
-    # purejaxql/config/alg/pqn_minatar.yaml) with ε's floor at 0.01 (0.05 there). Powers of two,
-    # so that every batch divides into every minibatch count and device count. LayerNorm stays
-    # on: it is what lets PQN learn without a target network.
-    "pqn_minatar": Space(
-        params={
-            "learning_rate": FloatDistribution(1e-4, 2e-3, log=True),
-            "num_envs": CategoricalDistribution([64, 128, 256]),
-            "num_steps": CategoricalDistribution([16, 32, 64]),
-            "gamma": FloatDistribution(0.97, 0.995),
-            "q_lambda": FloatDistribution(0.3, 0.9),
-            "num_minibatches": CategoricalDistribution([8, 16, 32, 64]),
-            "update_epochs": IntDistribution(1, 4),
-            "max_grad_norm": FloatDistribution(1.0, 20.0, log=True),
-            "epsilon_end": FloatDistribution(0.001, 0.1, log=True),
-            "exploration_fraction": FloatDistribution(0.05, 0.3),
-            "width": IntDistribution(64, 256, step=64),
-            "conv_channels": IntDistribution(8, 32, step=8),
-        },
-        widths=("width",), study_name="breakout-pqn",
-        added_args=pqn_minatar.ADDED_ARGS),
-}
+def distribution(spec):
+    """An Optuna distribution of a SEARCH_SPACE entry: a list is a choice, (low, high) a uniform
+    float, (low, high, "log") a log-uniform one, a range integers."""
+    if isinstance(spec, list):
+        return CategoricalDistribution(spec)
+    if isinstance(spec, range):
+        return IntDistribution(spec.start, spec[-1], step=spec.step)
+    return FloatDistribution(spec[0], spec[1], log=spec[2:] == ("log",))
+
+
+def space_of(script: str) -> Space:
+    """The search space `script` declares (SEARCH_SPACE). hidden_sizes, one range per layer, is
+    searched as parameters `width` (one layer) or `width_1`, `width_2`, ..."""
+    module = tune.load_script(script)
+    params, widths = {}, ()
+    for name, spec in module.SEARCH_SPACE.items():
+        if name == "hidden_sizes":
+            widths = ("width",) if len(spec) == 1 else tuple(f"width_{i + 1}"
+                                                            for i in range(len(spec)))
+            params |= {width: distribution(layer) for width, layer in zip(widths, spec)}
+        else:
+            params[name] = distribution(spec)
+    return Space(params, widths, getattr(module, "ADDED_ARGS", {}))
 
 
 @dataclasses.dataclass
 class Args:
-    script: Literal["ppo_breakout", "pqn_minatar"] = "ppo_breakout"
-    """the algorithm searched: ppo_breakout.py with the --ppo.* settings, or pqn_minatar.py with the
-    --pqn.* ones"""
-    ppo: ppo_breakout.Args = dataclasses.field(default_factory=ppo_breakout.Args)
-    """with --script ppo_breakout, the settings that are not searched (and the values of --fixed
-    ones)"""
-    pqn: pqn_minatar.Args = dataclasses.field(default_factory=pqn_minatar.Args)
-    """with --script pqn_minatar, the settings that are not searched (and the values of --fixed
-    ones)"""
+    script: str = tune.DEFAULT_SCRIPT
+    """the algorithm searched, as for benchmarks/tune.py: its settings that are not searched (and
+    the values of --fixed ones) are --NAME.* flags (--ppo.env-id)"""
     study_name: str = ""
-    """the study's name in the storage ("": the script's, breakout-ppo or breakout-pqn)"""
+    """the study's name in the storage ("": the game's and the script's, e.g. breakout-ppo)"""
     storage: str = "runs/search.db"
     """an SQLite file (one process), a file ending in .journal (processes on one machine), or a
     database URL for workers on many machines (postgresql://user:pass@host:5432/db)"""
@@ -136,8 +103,8 @@ class Args:
     """the pruner may stop a trial from this chunk on (1-based): early curves favour fast
     starters"""
     fixed: tuple[str, ...] = ()
-    """search-space parameters held at their --ppo (or --pqn) value instead of searched
-    (hidden_sizes: every width, from --ppo.hidden-sizes or --pqn.hidden-sizes)"""
+    """search-space parameters held at their --ppo (or --pqn, ...) value instead of searched
+    (hidden_sizes: every width, from --ppo.hidden-sizes)"""
     sampler_seed: int | None = None
     """seed of the TPE sampler, plus the number of trials up to this worker's first one: trial
     numbers are unique, so workers given the same seed still draw apart; None draws a fresh one"""
@@ -154,7 +121,7 @@ def find_search_error(args: Args) -> str | None:
                  "heartbeat_interval"):
         if getattr(args, name) <= 0:
             return f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}"
-    known = set(SPACES[args.script].params) | {"hidden_sizes"}
+    known = set(space_of(args.script).params) | {"hidden_sizes"}
     unknown = [name for name in args.fixed if name not in known]
     if unknown:
         return (f"--fixed {' '.join(unknown)}: not in the search space of {args.script} "
@@ -242,8 +209,9 @@ def open_storage(args: Args) -> optuna.storages.BaseStorage:
 
 
 def study_name(args: Args) -> str:
-    """--study-name, or the script's own."""
-    return args.study_name or SPACES[args.script].study_name
+    """--study-name, or the game's and the script's: breakout-ppo."""
+    game = tune.settings(args).env_id.split("-")[0].lower()
+    return args.study_name or f"{game}-{tune.group_of(args.script)}"
 
 
 def study_settings(args: Args) -> dict:
@@ -251,19 +219,18 @@ def study_settings(args: Args) -> dict:
     setting a trial trains with, the harness's seeds and chunks. Its first worker stores them; the
     others must match."""
     space = searched(args)
-    # eval_epsilon: the harness scores PQN greedy.
-    run_only = {"exp_name", "seed", "diagnostics", "eval_episodes", "eval_epsilon", "num_devices",
-                "jax_cache_dir", "save_model", "load_model", "eval_every", "batch_size",
-                "minibatch_size", "num_iterations"}
-    widths = SPACES[args.script].widths
+    cfg = tune.settings(args)
+    runtime = {f.name for f in dataclasses.fields(cfg) if not f.init}
+    run_only = tune.not_used(tune.script_of(cfg)) | runtime
+    widths = space_of(args.script).widths
     shaped = set(space) | ({"hidden_sizes"} if set(widths) <= set(space) else set())
-    fixed = dataclasses.asdict(tune.settings(args))
+    fixed = dataclasses.asdict(cfg)
     settings = {
-        "script": args.script,
+        "script": tune.name_of(tune.script_of(cfg)),
         "searched": {name: optuna.distributions.distribution_to_json(dist)
                      for name, dist in space.items()},
-        tune.GROUPS[args.script]: {name: value for name, value in fixed.items()
-                                   if name not in run_only | shaped},
+        tune.group_of(args.script): {name: value for name, value in fixed.items()
+                                     if name not in run_only | shaped},
         **{name: getattr(args, name) for name in ("num_seeds", "first_seed", "eval_episodes",
                                                   "num_chunks", "prune_from_chunk")},
     }
@@ -286,8 +253,8 @@ def stored_settings(study: optuna.Study) -> dict:
     """The settings the study's maker stored, as they read today: a study stored before --script
     existed searched ppo_breakout, and one stored before a field of Args existed ran with the value
     that field had then."""
-    settings = {"script": "ppo_breakout", **study.user_attrs["search"]["settings"]}
-    space, group = SPACES[settings["script"]], tune.GROUPS[settings["script"]]
+    settings = {"script": tune.DEFAULT_SCRIPT, **study.user_attrs["search"]["settings"]}
+    space, group = space_of(settings["script"]), tune.group_of(settings["script"])
     settings[group] = {**space.added_args, **settings[group]}
     return settings
 
@@ -322,7 +289,7 @@ def open_study(args: Args, storage: optuna.storages.BaseStorage) -> optuna.Study
                  "while making it); choose another --study-name")
         time.sleep(0.2)
     stored = stored_settings(study)
-    if stored["script"] != args.script:
+    if stored["script"] != settings["script"]:
         fail(f"{where} searches {stored['script']}, not {args.script}; give --script "
              f"{stored['script']} or another --study-name")
     differ = differences(stored, settings)
@@ -346,7 +313,7 @@ def to_args(params: dict, base):
     """The script's settings for a trial's parameters: `base` (a script's Args) with the searched
     fields replaced. A searched width makes the torso one layer per width of the space, a width
     not searched taken from base's first or last layer."""
-    widths = SPACES[tune.script_of(base)].widths
+    widths = space_of(tune.script_of(base).__file__).widths
     fields = {k: v for k, v in params.items() if k not in widths}
     if any(w in params for w in widths):
         ends = (base.hidden_sizes[0], base.hidden_sizes[-1])
@@ -356,14 +323,14 @@ def to_args(params: dict, base):
 
 def searched(args: Args) -> dict:
     """The part of the script's space this run searches: all of it but --fixed."""
-    space = SPACES[args.script]
+    space = space_of(args.script)
     return {name: dist for name, dist in space.params.items() if name not in args.fixed
             and not (name in space.widths and "hidden_sizes" in args.fixed)}
 
 
 def default_params(args: Args) -> dict:
     """The searched parameters at the script's defaults: the study's first trial."""
-    space, defaults = SPACES[args.script], tune.SCRIPTS[args.script].Args()
+    space, defaults = space_of(args.script), tune.load_script(args.script).Args()
     values = {**{name: getattr(defaults, name) for name in space.params
                  if name not in space.widths},
               **dict(zip(space.widths, defaults.hidden_sizes))}
@@ -373,11 +340,11 @@ def default_params(args: Args) -> dict:
 def harness_flags(params: dict, script: str) -> str:
     """A trial's parameters as the harness's command-line flags (floats to 4 significant digits),
     after --script where the harness would not train that script by default."""
-    group, widths = tune.GROUPS[script], SPACES[script].widths
-    cfg = to_args(params, tune.SCRIPTS[script].Args())
+    group, widths = tune.group_of(script), space_of(script).widths
+    cfg = to_args(params, tune.load_script(script).Args())
     names = [k for k in params if k not in widths]
     names += ["hidden_sizes"] if set(widths) & set(params) else []
-    flags = [] if script == tune.Args.script else [f"--script {script}"]
+    flags = [] if script == tune.DEFAULT_SCRIPT else [f"--script {script}"]
     for name in names:
         value, flag = getattr(cfg, name), name.replace("_", "-")
         if isinstance(value, bool):  # tyro's boolean flags: --ppo.x and --ppo.no-x
@@ -390,20 +357,13 @@ def harness_flags(params: dict, script: str) -> str:
     return " ".join(flags)
 
 
-# ppo_breakout's space and helpers, by the names they had before PQN was searched (its tests use
-# them).
-SEARCH_SPACE, WIDTHS = SPACES["ppo_breakout"].params, SPACES["ppo_breakout"].widths
-to_ppo_args, ppo_flags = to_args, functools.partial(harness_flags, script="ppo_breakout")
-
-
 def objective(trial: optuna.Trial, args: Args) -> float:
     params = {name: suggest(trial, name, dist) for name, dist in searched(args).items()}
     cfg = to_args(params, tune.settings(args))
-    script = tune.SCRIPTS[args.script]
-    error = script.check_args(cfg)
+    error = tune.check_settings(cfg)
     if error:  # cannot happen with the declared space; kept so a bad edit fails loudly
         raise ValueError(f"trial {trial.number}: {error}")
-    script.fill_runtime_fields(cfg)
+    tune.script_of(cfg).fill_runtime_fields(cfg)
     seeds = list(range(args.first_seed, args.first_seed + args.num_seeds))
     trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
     trial.set_user_attr("machine", tune.machine())
@@ -524,7 +484,7 @@ def report(study: optuna.Study) -> dict:
     so any worker exports the same."""
     made, settings = study.user_attrs["search"], stored_settings(study)
     script = settings["script"]
-    space, fixed = SPACES[script], settings[tune.GROUPS[script]]
+    space, fixed = space_of(script), settings[tune.group_of(script)]
     # Trials past the budget never ran: they are the workers' bookkeeping, not the search's.
     trials = [t for t in study.get_trials(deepcopy=False) if not t.user_attrs.get("past_budget")]
     complete = sorted((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: -t.value)
@@ -567,9 +527,8 @@ def report(study: optuna.Study) -> dict:
 
 
 def main() -> None:
-    args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
-    error = (tune.SCRIPTS[args.script].check_args(tune.settings(args))
-             or tune.find_group_error(args) or find_search_error(args))
+    args = tune.parse(Args, __doc__.split("\n\n")[0])
+    error = tune.check_settings(tune.settings(args)) or find_search_error(args)
     if error:
         fail(error)
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # this script prints its own progress lines

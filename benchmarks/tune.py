@@ -1,13 +1,15 @@
 """Tuning harness: an algorithm script's training for many seeds at once, with the statistics to
-compare settings. --script names the script: ppo_breakout (settings as --ppo.* flags, the default)
-or pqn_minatar (--pqn.* flags).
+compare settings. --script names the script, any that keeps utils/contract.py: ppo_breakout (the
+default), pqn_minatar, or the path of another; its settings are flags named after it, up to its
+first "_": --ppo.learning-rate, --pqn.q-lambda.
 
 The seeds are split across the devices (on a CPU, one per core); each device trains its seeds one
 after another with `lax.map`, so a seed's result does not depend on which other seeds run, on how
 many, or on the number of devices. Training runs in --num-chunks jitted chunks of iterations, the
 runner state donated from one to the next; after each chunk the progress is printed (stderr) and a
 curve point recorded. Each seed's final policy is then evaluated on complete episodes under both
-protocols, with the policy the script reports first: PPO's sampled actions, PQN's greedy ones.
+protocols, with the policy the script reports (its HEADLINE_POLICY): PPO's sampled actions, PQN's
+greedy ones.
 
 Output (stdout, and --out): JSON with the per-seed returns, their mean and interquartile mean (IQM)
 with 95% bootstrap intervals, the share of seeds past the first wall (return >= 30), the pooled
@@ -28,6 +30,7 @@ Run:  python benchmarks/tune.py --num-seeds 8 --ppo.gae-lambda 0.95 --out lambda
 import copy
 import dataclasses
 import functools
+import importlib.util
 import json
 import os
 import resource
@@ -35,7 +38,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
-from typing import Literal, NamedTuple
+from typing import Annotated, NamedTuple
 
 num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(num_cores or 1))  # before JAX starts
@@ -49,40 +52,98 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import ppo_breakout  # noqa: E402
-import pqn_minatar  # noqa: E402
 from benchmarks import common, stats  # noqa: E402
-from utils import checkpoint, files, startup  # noqa: E402
+from utils import checkpoint, cli, contract, files, startup  # noqa: E402
+from utils.env import make_env  # noqa: E402
 from utils.evaluation import PROTOCOLS, SAFETY_BOUND, evaluate, protocol_params  # noqa: E402
 
-# The algorithm scripts the harness trains, by name, and the flag group of each one's settings.
-SCRIPTS = {"ppo_breakout": ppo_breakout, "pqn_minatar": pqn_minatar}
-GROUPS = {"ppo_breakout": "ppo", "pqn_minatar": "pqn"}
+DEFAULT_SCRIPT = "ppo_breakout"
 
 
-def script_of(cfg) -> str:
-    """The name of the script whose Args `cfg` is."""
-    return next(name for name, module in SCRIPTS.items() if isinstance(cfg, module.Args))
+# --------------------------------------------------------------------------------------------------
+# The script under test: any that keeps utils/contract.py, named on the command line
+# --------------------------------------------------------------------------------------------------
+def load_script(script: str):
+    """The module of `script`: a script in the project's root by name (ppo_breakout), or a path
+    ending in .py; imported once."""
+    path = script if script.endswith(".py") else os.path.join(ROOT, f"{script}.py")
+    name = os.path.splitext(os.path.basename(path))[0]
+    if name not in sys.modules:
+        if not os.path.isfile(path):
+            raise ValueError(f"--script {script}: no such script ({path})")
+        spec = importlib.util.spec_from_file_location(name, path)
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+def name_of(script) -> str:
+    """ppo_breakout for the module of ppo_breakout.py."""
+    return os.path.splitext(os.path.basename(script.__file__))[0]
+
+
+def group_of(script: str) -> str:
+    """The flag group of a script's settings: its name up to the first "_" (ppo_breakout: ppo)."""
+    return name_of(load_script(script)).split("_")[0]
+
+
+def script_of(cfg):
+    """The module of the script whose Args `cfg` is."""
+    return sys.modules[type(cfg).__module__]
+
+
+def script_given(argv: list[str]) -> str:
+    """The --script that `argv` gives, or the default: it decides which flags parse."""
+    for i, token in enumerate(argv):
+        if token == "--script" and i + 1 < len(argv):
+            return argv[i + 1]
+        if token.startswith("--script="):
+            return token.split("=", 1)[1]
+    return DEFAULT_SCRIPT
+
+
+def with_settings(base: type, script: str) -> type:
+    """`base` (the harness's or the search's own arguments) with a flag group of `script`'s
+    settings, named by group_of."""
+    module = load_script(script)
+    help_text = (f"the settings of {name_of(module)}.py (seed and devices are the harness's own: "
+                 f"--first-seed, --num-devices)")
+    field = (group_of(script), Annotated[module.Args, tyro.conf.arg(help=help_text)],
+             dataclasses.field(default_factory=module.Args))
+    return dataclasses.make_dataclass("Args", [field], bases=(base,))
+
+
+def parse(base: type, description: str, argv: list[str] | None = None):
+    """The command line as `base` with the settings of the script it names; one error line and
+    exit 2 for a script that cannot be loaded."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args_type = with_settings(base, script_given(argv))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    return tyro.cli(args_type, args=argv, description=description)
+
+
+def make_args(base: type, script: str = DEFAULT_SCRIPT, **fields):
+    """`base`'s arguments with `script`'s settings, as `parse` would make them (for tests and
+    callers in Python)."""
+    return with_settings(base, script)(script=script, **fields)
 
 
 @dataclasses.dataclass
 class Args:
-    script: Literal["ppo_breakout", "pqn_minatar"] = "ppo_breakout"
-    """the algorithm trained: ppo_breakout.py with the --ppo.* settings, or pqn_minatar.py with the
-    --pqn.* ones"""
-    ppo: ppo_breakout.Args = dataclasses.field(default_factory=ppo_breakout.Args)
-    """the settings under test with --script ppo_breakout (--ppo.seed and --ppo.num-devices are not
-    used: see --first-seed, --num-devices; the script's per-game rows, ppo_breakout.GAME_DEFAULTS,
-    are not applied: give them as --ppo flags)"""
-    pqn: pqn_minatar.Args = dataclasses.field(default_factory=pqn_minatar.Args)
-    """the settings under test with --script pqn_minatar (--pqn.seed and --pqn.num-devices are not
-    used, as for --ppo)"""
+    script: str = DEFAULT_SCRIPT
+    """the algorithm trained: a script of this project by name (ppo_breakout, pqn_minatar) or the
+    path of one that keeps utils/contract.py; its settings are --NAME.* flags, NAME its name up to
+    the first "_" (--ppo.gae-lambda). The script's per-game rows are not applied: give them as
+    flags"""
     num_seeds: int = 8
     """the number of seeds trained"""
     first_seed: int = 1
     """seeds first_seed, first_seed + 1, ... are trained"""
     eval_episodes: int = 128
-    """complete episodes per seed in the final evaluation (sampled actions)"""
+    """complete episodes per seed in the final evaluation (the script's headline policy)"""
     num_chunks: int = 10
     """training runs in this many jitted chunks of iterations (at most one per iteration), each
     giving a progress line and a learning-curve point; 1 runs all iterations in one call"""
@@ -96,9 +157,9 @@ class Args:
     quiet: bool = False
     """no progress lines"""
     stability: bool = False
-    """also record, per seed over all of training, what loss_stability.py is about: the largest
-    logit gap, the log-ratio's range, and whether any loss, gradient norm or parameter went
-    non-finite (ppo_breakout only)"""
+    """also record, per seed over all of training, the extremes of the metrics the script names in
+    STABILITY_METRICS (PPO: the largest logit gap and the log-ratio's range, what loss_stability.py
+    is about) and whether any loss, gradient norm or parameter went non-finite"""
     checkpoint_dir: str = ""
     """write the training state to this directory after every chunk; the same command run again
     continues from it (--out, --baseline, --quiet and --num-devices may change; another device count
@@ -121,29 +182,18 @@ class SeedsResult(NamedTuple):
     stability: dict | None = None
 
 
-def settings(args: Args):
+def settings(args):
     """The Args of the script under test (of the harness's Args, or of search.py's)."""
-    return getattr(args, GROUPS[args.script])
+    return getattr(args, group_of(args.script))
 
 
-def find_group_error(args: Args) -> str | None:
-    """A flag of the script not under test, which would silently do nothing, or None. `args` names
-    a script and holds a group of each script's settings: the harness's Args, or search.py's."""
-    for script, group in GROUPS.items():
-        changed = changed_args(getattr(args, group))
-        if script != args.script and changed:
-            flag = next(iter(changed)).replace("_", "-")
-            return f"--{group}.{flag} is a setting of {script}; give --script {script}"
-    return None
+def check_settings(cfg) -> str | None:
+    """What is wrong with the script's settings: the fields every script shares, then its own."""
+    return cli.check_run_args(cfg) or script_of(cfg).check_args(cfg)
 
 
 def find_harness_error(args: Args) -> str | None:
     """What is wrong with the harness's own arguments (the script's are the script's to check)."""
-    error = find_group_error(args)
-    if error:
-        return error
-    if args.stability and args.script != "ppo_breakout":
-        return "--stability records PPO's log-ratios: it needs --script ppo_breakout"
     for name in ("num_seeds", "eval_episodes", "num_chunks"):
         if getattr(args, name) <= 0:
             return f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}"
@@ -162,7 +212,7 @@ def find_harness_error(args: Args) -> str | None:
             baseline["eval_returns"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             return f"--baseline {args.baseline} is not a result of this harness: {e!r}"
-        if baseline.get("script", "ppo_breakout") != args.script:
+        if baseline.get("script", DEFAULT_SCRIPT) != name_of(load_script(args.script)):
             return f"--baseline {args.baseline} is a result of another script, not {args.script}"
         wanted = range(args.first_seed, args.first_seed + args.num_seeds)
         missing = [s for s in wanted if s not in seeds]
@@ -175,20 +225,22 @@ def find_harness_error(args: Args) -> str | None:
 # Checkpoints: a killed many-seed run resumes from its last chunk
 # --------------------------------------------------------------------------------------------------
 CHECKPOINT = "tune_checkpoint.safetensors"
-# The script arguments the harness does not use (--stability sets the diagnostics).
-NOT_USED = ("seed", "num_devices", "jax_cache_dir", "diagnostics", "eval_episodes", "exp_name",
-            "save_model", "load_model", "checkpoint_every", "eval_every", "resume",
-            "eval_epsilon")  # PQN's sampled policy: the harness scores it greedy
 
 
-def checkpoint_identity(cfg: ppo_breakout.Args, seeds: list[int], eval_episodes: int,
-                        num_chunks: int, stability: bool) -> dict:
+def not_used(script) -> set[str]:
+    """The script arguments the harness does not use: the run's own (seed, devices, saving, ...),
+    its evaluation's size (the harness's --eval-episodes) and the fields that only add logging."""
+    return {*contract.NOT_RESULTS, "eval_episodes", *getattr(script, "QUIET_ARGS", {})}
+
+
+def checkpoint_identity(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
+                        stability: bool) -> dict:
     """What a checkpoint must match to be resumed: the code and every argument that changes a result
     (not the device count: a seed's result does not depend on it)."""
     script = script_of(cfg)
-    code = checkpoint.code_version(__file__, SCRIPTS[script].__file__)
-    group = {k: v for k, v in vars(cfg).items() if k not in NOT_USED}
-    return {"format": "tune checkpoint 1", "code": code, "script": script, GROUPS[script]: group,
+    code = checkpoint.code_version(__file__, script.__file__)
+    used = {k: v for k, v in vars(cfg).items() if k not in not_used(script)}
+    return {"format": "tune checkpoint 2", "code": code, "script": name_of(script), "args": used,
             "seeds": seeds, "eval_episodes": eval_episodes, "num_chunks": num_chunks,
             "stability": stability}
 
@@ -203,7 +255,7 @@ def read_checkpoint(path: str, identity: dict) -> tuple[dict, dict] | None:
         raise ValueError(f"{path} is not a checkpoint of this harness")
     for name, value in identity.items():
         saved, value = files.header_value(path, header, name), json.loads(json.dumps(value))
-        if name in GROUPS.values() and saved != value:  # name the first argument that differs
+        if name == "args" and saved != value:  # name the first argument that differs
             group, name = name, next(k for k in sorted(saved | value)
                                      if saved.get(k) != value.get(k))
             saved, value, name = saved.get(name), value.get(name), f"{group}.{name}"
@@ -227,14 +279,15 @@ def save_chunks(path: str, identity: dict, runners, num_seeds: int,
 
 
 def restore_chunks(path: str, tensors: dict, header: dict, runners, num_seeds: int,
-                   stability: bool) -> tuple:
+                   num_extremes: int) -> tuple:
     """What save_chunks wrote: the seeds' runners, the per-chunk return_sums, episodes and
     extremes, and the training seconds. `runners` gives the runners' structure."""
     done = files.header_value(path, header, "chunks_done")
     per_chunk = lambda dtype: np.zeros((done, num_seeds), dtype)  # noqa: E731
     results = checkpoint.restore(path, tensors, header, "results", {
         "return_sums": per_chunk(np.float32), "episodes": per_chunk(np.int32),
-        "extremes": [per_chunk(np.float32)] * 3 + [per_chunk(bool)] if stability else []})
+        "extremes": [per_chunk(np.float32)] * (num_extremes - 1) + [per_chunk(bool)]
+        if num_extremes else []})
     seeds_only = jax.tree.map(lambda x: jax.ShapeDtypeStruct((num_seeds, *x.shape[1:]), x.dtype),
                               runners)
     extremes = [list(chunk) for chunk in zip(*results["extremes"])] or [[] for _ in range(done)]
@@ -243,65 +296,53 @@ def restore_chunks(path: str, tensors: dict, header: dict, runners, num_seeds: i
             files.header_value(path, header, "train_seconds"))
 
 
-def build(cfg, env, env_params):
-    """The script's network, optimizer, one-device update step, and the evaluation's policy: the
-    logits it plays and whether it plays their argmax (greedy) or samples them."""
-    num_actions = env.action_space(env_params).n
-    if isinstance(cfg, ppo_breakout.Args):
-        network = ppo_breakout.make_network(num_actions, cfg.hidden_sizes, cfg.activation,
-                                            cfg.layer_norm, cfg.conv_channels)
-        policy, greedy = (lambda p, o: network.apply(p, o)[0]), False  # PPO's sampled actions
-    else:
-        network = pqn_minatar.make_network(num_actions, cfg.hidden_sizes, cfg.layer_norm,
-                                           cfg.conv_channels, cfg.conv_style)
-        policy, greedy = network.apply, True  # argmax Q: PQN's own test protocol
-    script = SCRIPTS[script_of(cfg)]
-    optimizer = script.make_optimizer(cfg)
-    update_step = script.make_update_step(cfg, env, env_params, network, optimizer)
-    return network, optimizer, update_step, policy, greedy
+# Each kind of extreme: how two values combine (a NaN does not hide the extreme before it), where
+# it starts, and how the chunks' values reduce.
+EXTREMES = {"max": (jnp.fmax, -jnp.inf, np.nanmax), "min": (jnp.fmin, jnp.inf, np.nanmin)}
 
 
 def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
                 num_devices: int = 0,
                 on_chunk: Callable[[int, int, int, np.ndarray, np.ndarray], None] | None = None,
                 stability: bool = False, checkpoint_path: str = "") -> SeedsResult:
-    """Trains and evaluates `cfg` (a script's Args, which names the script) for each seed. `cfg`
-    must have its runtime fields filled.
+    """Trains and evaluates `cfg` (a script's Args, whose module is the script) for each seed, with
+    what the script's make_agent hands over. `cfg` must have its runtime fields filled.
 
     After each chunk, on_chunk(chunk, num_chunks, steps_per_seed, return_sums, episodes) gets that
     chunk's per-seed sums; an exception it raises (a pruned trial) stops training there. With a
     `checkpoint_path`, the state is written there after each chunk, and training continues from
     what is there (see read_checkpoint).
     """
-    cfg = copy.copy(cfg)
-    if isinstance(cfg, ppo_breakout.Args):  # the logit gap, log-ratio range: PPO's diagnostics
-        cfg.diagnostics = stability
-    script = SCRIPTS[script_of(cfg)]
+    script, cfg = script_of(cfg), copy.copy(cfg)
+    if not stability:  # what only adds logging is off (--stability reads PPO's diagnostics)
+        for name, value in getattr(script, "QUIET_ARGS", {}).items():
+            setattr(cfg, name, value)
+    extreme_of = getattr(script, "STABILITY_METRICS", {}) if stability else {}
     # The training protocol (--ppo.sticky-action-prob) holds for the evaluation too.
-    env, env_params = script.make_env(cfg.env_id, cfg.sticky_action_prob)
-    network, optimizer, update_step, policy, greedy = build(cfg, env, env_params)
+    env, env_params = make_env(cfg.env_id, cfg.sticky_action_prob)
+    agent = script.make_agent(cfg, env, env_params)
+    greedy = script.HEADLINE_POLICY == "greedy"
 
     def init(seed: jax.Array):
         # The same keys and initialisation as the script's main, for one seed.
         runner_key, eval_key = jax.random.split(jax.random.key(seed))
-        runner = script.init_runner(runner_key, env, env_params, network, optimizer, cfg.num_envs)
-        return runner, eval_key
+        return agent.init(runner_key), eval_key
 
     def train_chunk(runner, num_iterations: jax.Array):
         # The iteration count is an input, so chunks of unequal length share one compiled program.
         def iteration(_, carry):
             runner, return_sum, episodes, extremes = carry
-            runner, metrics = update_step(runner)
+            runner, metrics = agent.update_step(runner)
             if stability:  # fmax / fmin: a NaN does not hide the extremes before it
-                gap, low, high, non_finite = extremes
-                extremes = (jnp.fmax(gap, metrics["logit_gap_max"]),
-                            jnp.fmin(low, metrics["log_ratio_min"]),
-                            jnp.fmax(high, metrics["log_ratio_max"]),
-                            non_finite | ~metrics["finite"])
+                *values, non_finite = extremes
+                values = [EXTREMES[kind][0](x, metrics[name])
+                          for x, (name, kind) in zip(values, extreme_of.items())]
+                extremes = (*values, non_finite | ~metrics["finite"])
             return_sum = return_sum + metrics["episode_return_sum"]
             return runner, return_sum, episodes + metrics["episodes"], extremes
 
-        extremes = (-jnp.inf, jnp.inf, -jnp.inf, False) if stability else ()
+        extremes = ((*[EXTREMES[kind][1] for kind in extreme_of.values()], False) if stability
+                    else ())
         return jax.lax.fori_loop(0, num_iterations, iteration,
                                  (runner, jnp.zeros(()), jnp.zeros((), jnp.int32), extremes))
 
@@ -312,8 +353,7 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
         for protocol in PROTOCOLS:
             params_p = protocol_params(cfg.env_id, env_params, protocol)
             result = evaluate(eval_key, params, greedy, env=env, env_params=params_p,
-                              policy_apply=policy,
-                              num_episodes=eval_episodes,
+                              act=agent.act, num_episodes=eval_episodes,
                               max_steps=params_p.env_params.max_steps_in_episode + 1)
             returns.append(result.returns.mean())
             bound_hits.append((result.finished & ~result.terminated
@@ -348,7 +388,7 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
     train = jax.jit(per_device(train_chunk, 1), donate_argnums=0).lower(
         runners, jnp.int32(iteration_counts[0])).compile()
     evaluate_all = jax.jit(per_device(lambda x: evaluate_seed(*x))).lower(
-        (runners.train_state.params, eval_keys)).compile()
+        (agent.params(runners), eval_keys)).compile()
     compile_seconds = time.time() - compile_start
 
     chunk_steps = [sum(iteration_counts[:chunk + 1]) * cfg.batch_size
@@ -358,7 +398,7 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
     return_sums, episodes, extremes, train_seconds = [], [], [], 0.0
     if saved is not None:  # a padding seed repeats the last one at every chunk: padded again here
         seed_runners, return_sums, episodes, extremes, train_seconds = restore_chunks(
-            checkpoint_path, *saved, runners, len(seeds), stability)
+            checkpoint_path, *saved, runners, len(seeds), len(extreme_of) + 1 if stability else 0)
         pad = len(padded) - len(seeds)
         runners = jax.tree.map(lambda x: jnp.concatenate([x, *[x[-1:]] * pad]), seed_runners)
         runners = jax.device_put(runners, seed_sharding)
@@ -379,14 +419,13 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
     train_seconds = time.time() - train_start
 
     eval_start = time.time()
-    results = evaluate_all((runners.train_state.params, eval_keys))
+    results = evaluate_all((agent.params(runners), eval_keys))
     protocol_returns, bound_hits = (np.asarray(x)[:len(seeds)] for x in results)
     if stability:
-        gap, low, high, non_finite = (np.stack(x) for x in zip(*extremes))  # (chunks, seeds)
-        stability = {"logit_gap_max": np.nanmax(gap, 0).tolist(),
-                     "log_ratio_min": np.nanmin(low, 0).tolist(),
-                     "log_ratio_max": np.nanmax(high, 0).tolist(),
-                     "non_finite": non_finite.any(0).tolist()}
+        *values, non_finite = (np.stack(x) for x in zip(*extremes))  # (chunks, seeds)
+        stability = {name: EXTREMES[kind][2](x, 0).tolist()
+                     for x, (name, kind) in zip(values, extreme_of.items())}
+        stability["non_finite"] = non_finite.any(0).tolist()
     return SeedsResult(eval_returns=protocol_returns[:, 0],
                        eval_returns_minatar=protocol_returns[:, 1],
                        minatar_bound_hits=bound_hits[:, 1],
@@ -420,11 +459,11 @@ def result_json(cfg, seeds: list[int], result: SeedsResult, eval_episodes: int,
     script = script_of(cfg)
     out = {
         "command": command,
-        "script": script,
-        "policy": "greedy" if script == "pqn_minatar" else "sampled",
+        "script": name_of(script),
+        "policy": script.HEADLINE_POLICY,
         "changed_args": changed_args(cfg),
-        f"{GROUPS[script]}_args": {k: v for k, v in vars(cfg).items()
-                                   if k not in ("seed", "num_devices", "jax_cache_dir")},
+        "args": {k: v for k, v in vars(cfg).items()
+                 if k not in ("seed", "num_devices", "jax_cache_dir")},
         "seeds": seeds,
         "eval_episodes": eval_episodes,
         "eval_returns": [float(r) for r in result.eval_returns],
@@ -464,9 +503,9 @@ def print_progress(chunk: int, num_chunks: int, steps: int, return_sums: np.ndar
 
 def main() -> None:
     wall_start = time.time()
-    args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
-    script = SCRIPTS[args.script]
-    error = script.check_args(settings(args)) or find_harness_error(args)
+    args = parse(Args, __doc__.split("\n\n")[0])
+    script = load_script(args.script)
+    error = check_settings(settings(args)) or find_harness_error(args)
     if error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)

@@ -104,24 +104,47 @@ def check_numbers(args, positive=(), positive_finite=(), non_negative_finite=(),
 
 
 def check_run_args(args) -> str | None:
-    """What is wrong with the arguments every training script shares, or None: the rollout's shape
-    (num_envs x num_steps, cut into num_minibatches, for update_epochs), the seed, the run's name,
-    the devices, the compilation cache, checkpoints, the network, the environment, and whether
-    the memory the run needs is there. Reads the fields of those names from `args`."""
+    """What is wrong with the fields every script shares (utils.contract.RunArgs), or None: the
+    budget, the seed, the run's name, the devices, the compilation cache, checkpoints, evaluation
+    and the environment. A script checks its own fields in its check_args."""
     import jax  # here: parsing the command line needs no JAX
 
     from utils.env import check_env_id
 
-    error = check_numbers(args, positive=("total_timesteps", "num_envs", "num_steps",
-                                          "num_minibatches", "update_epochs", "eval_episodes"))
+    error = check_numbers(args, positive=("total_timesteps", "eval_episodes"))
     if error:
         return error
     if not 0 <= args.sticky_action_prob < 1:
         return f"--sticky-action-prob must be in [0, 1), got {args.sticky_action_prob}"
-    if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
-        return f"--hidden-sizes must be one or more positive widths, got {args.hidden_sizes}"
-    if args.conv_channels < 0:
-        return f"--conv-channels must be 0 (none) or positive, got {args.conv_channels}"
+    if not 0 <= args.seed < 2**32:  # jax.random.key takes a 32-bit seed
+        return f"--seed must be in [0, {2**32 - 1}], got {args.seed}"
+    plain_name = re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", args.exp_name)
+    if args.exp_name and (not plain_name or ".." in args.exp_name):  # "": the script's name
+        return (f"--exp-name must be a plain name of letters, digits, '_', '-' and '.' (no path, "
+                f"no '..', at most 100 characters), got {args.exp_name!r}")
+    if args.num_devices < 0:
+        return f"--num-devices must be 0 (automatic) or positive, got {args.num_devices}"
+    if args.num_devices > len(jax.devices()):
+        return (f"--num-devices {args.num_devices} is more than the {len(jax.devices())} devices "
+                f"JAX has")
+    cache_dir = os.path.expanduser(args.jax_cache_dir)
+    if args.jax_cache_dir and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
+        return f"--jax-cache-dir {args.jax_cache_dir} exists and is not a directory"
+    if args.checkpoint_every < 0:
+        return f"--checkpoint-every must be 0 (never) or positive, got {args.checkpoint_every}"
+    if args.eval_every < 0:
+        return f"--eval-every must be 0 (only at the end) or positive, got {args.eval_every}"
+    return check_env_id(args.env_id)
+
+
+def check_rollout(args) -> str | None:
+    """What is wrong with an on-policy script's batches, or None: rollouts of num_envs x num_steps
+    cut into num_minibatches for update_epochs, split over --num-devices, within the budget and
+    within what the optimizer can count."""
+    error = check_numbers(args, positive=("num_envs", "num_steps", "num_minibatches",
+                                          "update_epochs"))
+    if error:
+        return error
     batch_size = args.num_envs * args.num_steps
     if batch_size % args.num_minibatches:
         return (f"the batch (num_envs * num_steps = {batch_size}) does not divide into "
@@ -133,84 +156,38 @@ def check_run_args(args) -> str | None:
     if num_updates >= 2**31:  # optax counts gradient steps (schedule, Adam's bias fix) in int32
         return (f"{num_updates:,} gradient steps (--total-timesteps / batch x --update-epochs x "
                 f"--num-minibatches) is more than the optimizer can count ({2**31 - 1:,})")
-    if not 0 <= args.seed < 2**32:  # jax.random.key takes a 32-bit seed
-        return f"--seed must be in [0, {2**32 - 1}], got {args.seed}"
-    plain_name = re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", args.exp_name)
-    if not plain_name or ".." in args.exp_name:
-        return (f"--exp-name must be a plain name of letters, digits, '_', '-' and '.' (no path, "
-                f"no '..', at most 100 characters), got {args.exp_name!r}")
-    if args.num_devices < 0:
-        return f"--num-devices must be 0 (automatic) or positive, got {args.num_devices}"
-    if args.num_devices > len(jax.devices()):
-        return (f"--num-devices {args.num_devices} is more than the {len(jax.devices())} devices "
-                f"JAX has")
     minibatch_size = batch_size // args.num_minibatches
     if args.num_devices and (args.num_envs % args.num_devices or minibatch_size % args.num_devices):
         return (f"--num-devices {args.num_devices} must divide both --num-envs {args.num_envs} and "
                 f"the minibatch size {minibatch_size}")
-    cache_dir = os.path.expanduser(args.jax_cache_dir)
-    if args.jax_cache_dir and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
-        return f"--jax-cache-dir {args.jax_cache_dir} exists and is not a directory"
-    if args.checkpoint_every < 0:
-        return f"--checkpoint-every must be 0 (never) or positive, got {args.checkpoint_every}"
-    if args.eval_every < 0:
-        return f"--eval-every must be 0 (only at the end) or positive, got {args.eval_every}"
-    error = check_env_id(args.env_id, args.conv_channels)
-    if error:
-        return error
-    training, evaluation = estimate_memory_bytes(args)
-    available = available_memory_bytes()
-    if training > available:
-        return (f"training would need about {training / 2**30:,.1f} GiB of memory (--num-envs x "
-                f"--num-steps, --hidden-sizes) and {available / 2**30:,.1f} GiB are available")
-    if evaluation > available:
-        return (f"--eval-episodes {args.eval_episodes} would need about "
-                f"{evaluation / 2**30:,.1f} GiB of memory to play all episodes at once and "
-                f"{available / 2**30:,.1f} GiB are available")
     return None
 
 
-def default_num_devices(args) -> int:
-    """--num-devices, or where it is 0, two wherever JAX has two and the environments and
-    minibatches split in two (then a seed is one run on any CPU count), else one."""
+def default_num_devices(num_devices: int, *sizes: int) -> int:
+    """`num_devices`, or where it is 0, two wherever JAX has two and every one of `sizes` (what is
+    split over the devices) splits in two (then a seed is one run on any CPU count), else one."""
     import jax
 
-    if args.num_devices:
-        return args.num_devices
-    minibatch_size = args.num_envs * args.num_steps // args.num_minibatches
-    fits = args.num_envs % 2 == 0 and minibatch_size % 2 == 0
-    return 2 if fits and len(jax.devices()) >= 2 else 1
+    if num_devices:
+        return num_devices
+    return 2 if all(size % 2 == 0 for size in sizes) and len(jax.devices()) >= 2 else 1
 
 
-def estimate_memory_bytes(args) -> tuple[int, int]:
-    """Generous estimates of the peak memory of (training, evaluation) of a network of the scripts'
-    family (a convolution over the grid, then an MLP torso) trained on rollouts of num_envs x
-    num_steps in num_minibatches: a few copies of what the rollout, a minibatch step and the
-    evaluation's episodes hold at once. Traced, not run: nothing compiles."""
+def check_memory(what: str, state, compiled=None) -> None:
+    """ValueError where `what` would need more memory than the OS can give: the training state
+    (`state`, arrays or their shapes, e.g. from jax.eval_shape) and, once `compiled` (an
+    ahead-of-time compiled program), what XLA says the program holds at once besides it."""
     import jax
 
-    from utils.env import make_env
-
-    env, env_params = make_env(args.env_id, 0.0)
-    obs, state = jax.eval_shape(lambda: env.reset(jax.random.key(0), env_params))
-
-    def nbytes(tree) -> int:
-        return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree))
-
-    torso_input = math.prod(obs.shape)
-    if args.conv_channels:  # the torso reads the convolution's pooled grid
-        torso_input = obs.shape[0] // 2 * (obs.shape[1] // 2) * args.conv_channels
-    layer_inputs = [torso_input] + [2 * width for width in args.hidden_sizes]  # CReLU: 2x
-    num_params = sum(i * o for i, o in zip(layer_inputs, [*args.hidden_sizes, env.num_actions + 1]))
-    if args.conv_channels:  # its filters, and its output over the whole grid
-        num_params += 9 * obs.shape[-1] * args.conv_channels
-        layer_inputs.append(math.prod(obs.shape[:2]) * args.conv_channels)
-    features = 4 * sum(layer_inputs)  # bytes per sample
-    sample = nbytes(obs) + 4 * (env.num_actions + 8)
-    rollout = args.num_envs * args.num_steps * sample + args.num_envs * (nbytes(state) + features)
-    minibatch = args.num_envs * args.num_steps // args.num_minibatches * features
-    training = 4 * (rollout + minibatch + 8 * num_params)
-    return training, 2 * args.eval_episodes * (2 * nbytes(obs) + nbytes(state) + features)
+    needed = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(state))
+    if compiled is not None:
+        analysis = compiled.memory_analysis()
+        needed = max(needed, analysis.argument_size_in_bytes) + analysis.temp_size_in_bytes \
+            + analysis.output_size_in_bytes
+    available = available_memory_bytes()
+    if needed > available:
+        raise ValueError(f"{what} would need about {needed / 2**30:,.1f} GiB of memory and "
+                         f"{available / 2**30:,.1f} GiB are available")
 
 
 def available_memory_bytes() -> int:

@@ -58,14 +58,19 @@ def is_grid(obs_shape: tuple[int, ...]) -> bool:
     return len(obs_shape) == 3 and min(obs_shape[:2]) >= 2
 
 
-def check_env_id(env_id: str, conv_channels: int) -> str | None:
-    """What keeps a script from training on `env_id` (unknown, continuous actions, a convolution
-    asked of observations that are not a grid), or None."""
+def check_env_id(env_id: str) -> str | None:
+    """What keeps a script from training on `env_id` (unknown, continuous actions), or None."""
     if env_id not in gymnax.registered_envs:
         return f"unknown --env-id {env_id!r}; gymnax has: {', '.join(gymnax.registered_envs)}"
     env, env_params = gymnax.make(env_id)
     if not isinstance(env.action_space(env_params), spaces.Discrete):
         return f"--env-id {env_id} has continuous actions; this script handles discrete ones"
+    return None
+
+
+def check_grid(env_id: str, conv_channels: int) -> str | None:
+    """Where a convolution is asked of observations that are not a grid: what is wrong, or None."""
+    env, env_params = gymnax.make(env_id)
     obs_shape = env.observation_space(env_params).shape
     if conv_channels and not is_grid(obs_shape):
         return (f"--conv-channels needs a grid of observations (height, width, channels); "

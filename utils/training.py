@@ -1,10 +1,12 @@
-"""The bookkeeping around a script's training loop, for any algorithm: the run directory, its
-TensorBoard log, the learning curve and clock, checkpoints and resume, Ctrl-C, and summary.json.
+"""The run around a script's training loop, for any script that keeps utils/contract.py: the
+command line, ahead-of-time compilation with --load-model and --resume, the run directory, its
+TensorBoard log, the learning curve and clock, checkpoints, Ctrl-C, the final evaluation and its
+pictures, the model file and summary.json.
 
-A script's Args carry the fields this reads: exp_name, seed, env_id, total_timesteps,
-num_iterations, batch_size (environment steps per iteration), checkpoint_every, eval_every, resume,
-load_model. Its update returns metrics with `episodes`, `episode_return_sum` and
-`episode_length_sum` of the episodes that ended in the iteration."""
+A script's `main` reads: `args = parse_args(script)`, the environment, `agent = make_agent(...)`,
+then `with Run(script, args, agent, env, env_params) as run:` its loop over `run.iterations()`
+calling `run.update_step`, `log_iteration` and `end_iteration`, and after it `finish`, `evaluate`
+and `save_model`."""
 
 import os
 import sys
@@ -13,79 +15,156 @@ import time
 import jax
 import numpy as np
 
-from utils import cli, evaluation, logger, model, visualize
+from utils import checkpoint, cli, evaluation, logger, model, parallel, startup, visualize
 from utils.checkpoint import Checkpointer, Progress, fresh_start, read_checkpoint_args
+from utils.contract import RESUME_MAY_CHANGE
 
-# They change no result.
-RESUME_MAY_CHANGE = ("checkpoint_every", "eval_every", "jax_cache_dir", "num_devices")
+STARTED = time.time()  # the clock of summary.json's wall_seconds, reset by parse_args
 
 
-def take_saved_args(script: str, args, given: set[str], network_args: tuple[str, ...],
-                    before: dict) -> str | None:
-    """--load-model takes the network's arguments (`network_args`) from the model file's header,
-    --resume all the run's arguments from its checkpoint; a flag given explicitly must agree.
-    `before`: the values of arguments added since files were first saved. An error, or None."""
+def script_name(script) -> str:
+    """ppo_breakout for the module of ppo_breakout.py."""
+    return os.path.splitext(os.path.basename(script.__file__))[0]
+
+
+def take_saved_args(script, args, given: set[str]) -> str | None:
+    """--load-model takes the network's arguments (the script's NETWORK_ARGS) from the model file's
+    header, --resume all the run's arguments from its checkpoint; a flag given explicitly must
+    agree. An error, or None."""
+    before = getattr(script, "ADDED_ARGS", {})
     try:
         if args.resume and args.load_model:
             return "--resume continues training and --load-model only evaluates: give one of them"
         if args.load_model:
-            saved = model.read_network_args(args.load_model, network_args, before)
+            saved = model.read_network_args(args.load_model, script.NETWORK_ARGS, before)
             return cli.adopt(args, saved, given, f"{args.load_model} was trained")
         if args.resume:
-            saved = read_checkpoint_args(script, args.resume)
+            saved = read_checkpoint_args(script.__file__, args.resume)
             return cli.adopt(args, saved, given, f"{args.resume} was run", RESUME_MAY_CHANGE)
     except ValueError as e:
         return str(e)
     return None
 
 
-class Run:
-    """A run of `script`: `with Run(...) as run:` opens its directory (new, or --resume's), log,
-    summary.json and signal handlers; in the loop, `log_iteration` and `end_iteration` keep the
-    books of each iteration, and `finish` those of training; on leaving, summary.json is written
-    however the run ended, and `exit_code` says how."""
+def parse_args(script, argv: list[str] | None = None):
+    """The script's Args from the command line, or one `error:` line and exit 2: --load-model and
+    --resume bring the arguments they were saved with, otherwise the script's `fill_defaults` (if
+    any) fills what the command line leaves; then the script's checks and the shared ones, the
+    runtime fields, and JAX's compilation cache."""
+    global STARTED
+    STARTED = time.time()
 
-    def __init__(self, script: str, args, start: Progress | None, compile_seconds: float,
-                 wall_start: float):
-        self.script, self.args, self.compile_seconds = script, args, compile_seconds
-        self.start = start or fresh_start()
+    def take_saved(args, given: set[str]) -> str | None:
+        args.exp_name = args.exp_name or script_name(script)
+        if args.load_model or args.resume:
+            return take_saved_args(script, args, given)
+        if hasattr(script, "fill_defaults"):
+            script.fill_defaults(args, given)
+        return None
+
+    def check(args) -> str | None:
+        return cli.check_run_args(args) or script.check_args(args)
+
+    args = cli.parse_args(script.Args, check, script.__doc__.split("\n\n")[0], argv, take_saved)
+    script.fill_runtime_fields(args)
+    startup.configure_compilation_cache(args.jax_cache_dir)
+    return args
+
+
+class Run:
+    """A run of `script` with `args`: made, it has compiled the agent's update step (`update_step`)
+    and the final evaluation, and holds the state training starts from (`state`: fresh, or
+    --resume's checkpoint; None with --load-model, whose parameters it holds). `with run:` opens
+    its directory (new, or --resume's), log, summary.json and signal handlers; in the loop,
+    `log_iteration` and `end_iteration` keep the books of each iteration, `finish` those of
+    training; on leaving, summary.json is written however the run ended, and `exit_code` says
+    how."""
+
+    def __init__(self, script, args, agent, env, env_params):
+        self.script, self.args, self.agent = script.__file__, args, agent
+        self.headline = script.HEADLINE_POLICY
+        self.network_args = script.NETWORK_ARGS
+        compile_start = time.time()
+        self.start = self.compile(script, env, env_params)
+        self.compile_seconds = time.time() - compile_start
         self.history, self.elapsed = self.start.history, self.start.train_seconds
         self.iteration = self.start.iteration  # the last finite iteration
         self.recent_return = self.history.returns[-1] if self.history.returns else float("nan")
         self.every_tenth = max(1, args.num_iterations // 10)
-        self.run_dir = args.resume or cli.make_run_dir(
-            f"{args.env_id}__{args.exp_name}__{args.seed}")
-        self.summary = cli.RunSummary(self.run_dir, args, wall_start, env_id=args.env_id,
-                                      seed=args.seed, total_timesteps=args.total_timesteps,
-                                      compile_seconds=compile_seconds)
         self.status = None
 
+    def compile(self, script, env, env_params) -> Progress:
+        """Reads --load-model's parameters or --resume's checkpoint (a file that cannot be used
+        stops the run with one error line), makes the initial state otherwise, and compiles the
+        update step and the final evaluation ahead of time: before the run directory exists and
+        before the clock for SPS starts. Where training starts."""
+        args, agent = self.args, self.agent
+        runner_key, eval_key = jax.random.split(jax.random.key(args.seed))
+        start, self.state = fresh_start(), None
+        if args.load_model:
+            obs = jax.eval_shape(env.reset, runner_key, env_params)[0]
+            self.params = cli.or_exit(model.load_params, args.load_model, agent.network, obs, args,
+                                      script.NETWORK_ARGS, getattr(script, "ADDED_ARGS", {}))
+        else:
+            # One device runs the update step a reader follows; more run the script's own
+            # data-parallel version of it.
+            if args.num_devices > 1:
+                mesh = parallel.make_mesh(args.num_devices)
+                shardings = parallel.shardings(mesh, agent.state_specs)
+                init = jax.jit(agent.init, out_shardings=shardings)
+                step = agent.parallel_update_step(mesh)
+            else:
+                shardings, init, step = None, jax.jit(agent.init), jax.jit(agent.update_step)
+            like = jax.eval_shape(init, runner_key)
+            cli.or_exit(cli.check_memory, "the training state", like)
+            if args.resume:  # read before anything is written
+                self.state, start = cli.or_exit(checkpoint.load_checkpoint, self.script,
+                                                args.resume, like, shardings)
+            else:
+                self.state = init(runner_key)
+            self.update_step = step.lower(self.state).compile()
+            cli.or_exit(cli.check_memory, "training", like, self.update_step)
+            self.params = agent.params(self.state)
+        self.play = evaluation.compile_final_evaluation(
+            env, args.env_id, env_params, agent.act, args.eval_episodes, args.num_devices,
+            eval_key, self.params)
+        startup.release_freed_memory()  # what the compiler used
+        return start
+
     def __enter__(self) -> "Run":
-        start_step = self.start.iteration * self.args.batch_size
+        args = self.args
+        self.run_dir = args.resume or cli.make_run_dir(
+            f"{args.env_id}__{args.exp_name}__{args.seed}")
+        self.summary = cli.RunSummary(self.run_dir, args, STARTED, env_id=args.env_id,
+                                      seed=args.seed, total_timesteps=args.total_timesteps,
+                                      policy=self.headline, compile_seconds=self.compile_seconds)
+        start_step = self.start.iteration * args.steps_per_iteration
         self.log = logger.RunLog(self.run_dir, start_step,
-                                 start_step + 1 if self.args.resume else None)
-        if not self.args.resume:
-            self.log.add_text("hyperparameters", logger.hyperparameters_text(self.args))
+                                 start_step + 1 if args.resume else None)
+        if not args.resume:
+            self.log.add_text("hyperparameters", logger.hyperparameters_text(args))
         self.checkpoints = None
-        if self.args.checkpoint_every and not self.args.load_model:
-            self.checkpoints = Checkpointer(self.script, self.run_dir, self.args, self.log)
+        if args.checkpoint_every and not args.load_model:
+            self.checkpoints = Checkpointer(self.script, self.run_dir, args, self.log)
         self.summary.__enter__()
         self.stop = cli.StopSignals().__enter__()
-        if self.args.load_model:
-            print(f"{self.args.env_id}: evaluating {self.args.load_model}; compiled in "
+        if args.load_model:
+            print(f"{args.env_id}: evaluating {args.load_model}; compiled in "
                   f"{self.compile_seconds:.1f}s; logging to {self.run_dir}")
-            self.summary.update(status="completed", global_step=0,
-                                load_model=self.args.load_model)
+            self.summary.update(status="completed", global_step=0, load_model=args.load_model)
         else:
-            resumed = f"; resumed at step {start_step:,}" if self.args.resume else ""
-            print(f"{self.args.env_id}: {self.args.num_iterations} iterations of "
-                  f"{self.args.batch_size} steps on {self.args.num_devices} device(s); compiled "
+            resumed = f"; resumed at step {start_step:,}" if args.resume else ""
+            print(f"{args.env_id}: {args.num_iterations} iterations of "
+                  f"{args.steps_per_iteration} steps on {args.num_devices} device(s); compiled "
                   f"in {self.compile_seconds:.1f}s; logging to {self.run_dir}{resumed}")
         return self
 
     # ---- the training loop ------------------------------------------------------------------
     def iterations(self):
-        """The iterations left, from the one after the start; none more once a signal came."""
+        """The iterations left, from the one after the start; none more once a signal came, and
+        none with --load-model."""
+        if self.args.load_model:
+            return
         self.train_start = time.time() - self.elapsed  # a resumed clock goes on from its checkpoint
         for iteration in range(self.start.iteration + 1, self.args.num_iterations + 1):
             yield iteration
@@ -99,7 +178,7 @@ class Run:
         """Logs an iteration: charts/SPS and the episodes that ended in it (never placeholders),
         the script's own `scalars` ({tag: value}; what is not finite stays out, the script's guard
         reports it), and `histograms` on the first iteration and every tenth of the run."""
-        global_step = iteration * self.args.batch_size
+        global_step = iteration * self.args.steps_per_iteration
         self.elapsed = time.time() - self.train_start
         logged = {"charts/SPS": global_step / self.elapsed}
         if metrics["episodes"] > 0:
@@ -120,28 +199,32 @@ class Run:
         return iteration % self.every_tenth == 0 or iteration == self.args.num_iterations
 
     def end_iteration(self, iteration: int, state) -> None:
-        """After a finite iteration: the progress line every tenth of the run, and a checkpoint
-        of `state` every --checkpoint-every iterations."""
-        self.iteration, global_step = iteration, iteration * self.args.batch_size
+        """After a finite iteration: the progress line every tenth of the run, a checkpoint of
+        `state` every --checkpoint-every iterations, and the evaluation every --eval-every."""
+        self.iteration = iteration
+        global_step = iteration * self.args.steps_per_iteration
         if self.tenth(iteration):
             print(f"step {global_step:>9,} | SPS {global_step / self.elapsed:>8,.0f} | "
                   f"episodic return {self.recent_return:6.2f}")
         if self.checkpoints and iteration % self.args.checkpoint_every == 0:
             self.checkpoints.save(state, Progress(iteration, self.history, self.elapsed),
                                   global_step)
+        self.evaluate_every(iteration, state)
 
-    def evaluate_every(self, iteration: int, play, params) -> None:
+    def evaluate_every(self, iteration: int, state) -> None:
         """With --eval-every N, after every N-th iteration but the last (the final evaluation's):
-        `params` played as at the end (`play`: evaluation.compile_final_evaluation's), each mean
-        return logged at its step under the final evaluation's tag, so that TensorBoard draws the
-        scores as training goes. The clock behind SPS and train_seconds stops while it plays."""
+        the state's policy played as at the end, each mean return logged at its step under the
+        final evaluation's tag, so that TensorBoard draws the scores as training goes. The clock
+        behind SPS and train_seconds stops while it plays."""
         every = self.args.eval_every
         if not every or iteration % every or iteration == self.args.num_iterations:
             return
         started = time.time()
-        played = {policy: play(params, policy).returns for policy in evaluation.EVALUATION_PAIRS}
+        params = self.agent.params(state)
+        played = {policy: self.play(params, policy).returns
+                  for policy in evaluation.EVALUATION_PAIRS}
         returns = jax.device_get(played)  # only the returns come over, not the recorded frames
-        step, shown = iteration * self.args.batch_size, []
+        step, shown = iteration * self.args.steps_per_iteration, []
         for policy, pair in evaluation.EVALUATION_PAIRS.items():
             means = [float(returns[policy][k].mean()) for k in range(len(pair))]
             for i, mean in zip(pair, means):
@@ -156,15 +239,17 @@ class Run:
 
     def finish(self, state) -> None:
         """After the loop: the last checkpoint, of `state` (after a non-finite value, the last
-        finite one), and summary.json's training fields."""
+        finite one), and summary.json's training fields. Nothing with --load-model."""
+        if self.args.load_model:
+            return
         iterations = self.iteration
-        step = iterations * self.args.batch_size
+        step = iterations * self.args.steps_per_iteration
         if self.checkpoints:
             self.checkpoints.save(state, Progress(iterations, self.history, self.elapsed), step)
         fields = {"status": self.status, "global_step": step, "iterations": iterations,
                   "train_seconds": self.elapsed, "sps": step / self.elapsed if step else 0.0}
         if self.args.resume:
-            fields["resumed_at_step"] = self.start.iteration * self.args.batch_size
+            fields["resumed_at_step"] = self.start.iteration * self.args.steps_per_iteration
         if self.status == "non_finite":
             iteration, what = self.non_finite
             print(f"error: {what} is non-finite in iteration {iteration}; stopped and saved the "
@@ -179,22 +264,31 @@ class Run:
     def completed(self) -> bool:
         return self.summary["status"] == "completed"
 
-    def evaluate(self, play, params) -> None:
-        """Plays the final evaluations (`play`: evaluation.compile_final_evaluation's) and draws
-        them and the learning curve into the run directory and the log; summary.json's `eval`."""
+    def parameters(self, state):
+        """The parameters of `state`, or --load-model's where it is None."""
+        return self.params if state is None else self.agent.params(state)
+
+    def evaluate(self, state) -> None:
+        """Once training completed: the final evaluations of `state`'s policy, drawn with the
+        learning curve into the run directory and the log; summary.json's `eval`."""
+        if not self.completed:
+            return
         eval_start = time.time()
         step = self.summary["global_step"]
         self.summary["eval"] = visualize.evaluate_and_draw(
-            play, params, self.history, self.log, self.run_dir, step,
-            f"{self.args.env_id}, seed {self.args.seed}", self.args.env_id)
+            self.play, self.parameters(state), self.history, self.log, self.run_dir, step,
+            f"{self.args.env_id}, seed {self.args.seed}", self.args.env_id, self.headline)
         self.summary.update(eval_episodes=self.args.eval_episodes,
                             eval_seconds=time.time() - eval_start)
 
-    def save_model(self, params, network_args: tuple[str, ...]) -> None:
-        """The final parameters as the run's model.safetensors, with the arguments that rebuild
-        the network."""
-        self.summary["model"] = model.save_run_model(self.run_dir, self.args, params, network_args,
-                                                     self.summary["global_step"])
+    def save_model(self, state) -> None:
+        """`state`'s parameters as the run's model.safetensors, with the arguments that rebuild the
+        network (--save-model; not with --load-model)."""
+        if not self.args.save_model or self.args.load_model:
+            return
+        self.summary["model"] = model.save_run_model(
+            self.run_dir, self.args, self.agent.params(state), self.network_args,
+            self.summary["global_step"])
 
     def __exit__(self, *exc_info) -> None:
         try:
