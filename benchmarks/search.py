@@ -333,7 +333,7 @@ def default_params(args: Args) -> dict:
     space, defaults = space_of(args.script), tune.load_script(args.script).Args()
     values = {**{name: getattr(defaults, name) for name in space.params
                  if name not in space.widths},
-              **dict(zip(space.widths, defaults.hidden_sizes))}
+              **dict(zip(space.widths, getattr(defaults, "hidden_sizes", ())))}
     return {name: values[name] for name in searched(args)}
 
 

@@ -65,12 +65,12 @@ DEFAULT_SCRIPT = "ppo_breakout"
 # --------------------------------------------------------------------------------------------------
 def load_script(script: str):
     """The module of `script`: a script in the project's root by name (ppo_breakout), or a path
-    ending in .py; imported once."""
-    path = script if script.endswith(".py") else os.path.join(ROOT, f"{script}.py")
+    ending in .py, relative to the project's root (tests/tiny_pg.py); imported once."""
+    path = os.path.join(ROOT, script if script.endswith(".py") else f"{script}.py")
     name = os.path.splitext(os.path.basename(path))[0]
     if name not in sys.modules:
         if not os.path.isfile(path):
-            raise ValueError(f"--script {script}: no such script ({path})")
+            raise ValueError(f"--script {script}: no such script")
         spec = importlib.util.spec_from_file_location(name, path)
         sys.modules[name] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(sys.modules[name])
@@ -122,7 +122,7 @@ def parse(base: type, description: str, argv: list[str] | None = None):
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    return tyro.cli(args_type, args=argv, description=description)
+    return cli.parse_args(args_type, lambda _: None, description, argv)
 
 
 def make_args(base: type, script: str = DEFAULT_SCRIPT, **fields):
@@ -391,7 +391,7 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
         (agent.params(runners), eval_keys)).compile()
     compile_seconds = time.time() - compile_start
 
-    chunk_steps = [sum(iteration_counts[:chunk + 1]) * cfg.batch_size
+    chunk_steps = [sum(iteration_counts[:chunk + 1]) * cfg.steps_per_iteration
                    for chunk in range(len(iteration_counts))]
     identity = checkpoint_identity(cfg, seeds, eval_episodes, num_chunks, stability)
     saved = read_checkpoint(checkpoint_path, identity) if checkpoint_path else None
@@ -529,10 +529,10 @@ def main() -> None:
             sys.exit(2)
         os.makedirs(args.checkpoint_dir, exist_ok=True)
     progress = None if args.quiet else functools.partial(
-        print_progress, start=wall_start, total_steps=cfg.num_iterations * cfg.batch_size)
+        print_progress, start=wall_start, total_steps=cfg.num_iterations * cfg.steps_per_iteration)
     if not args.quiet:
         print(f"{cfg.env_id}: {len(seeds)} seeds x {cfg.num_iterations} iterations of "
-              f"{cfg.batch_size} steps", file=sys.stderr, flush=True)
+              f"{cfg.steps_per_iteration} steps", file=sys.stderr, flush=True)
     result = train_seeds(cfg, seeds, args.eval_episodes, args.num_chunks, args.num_devices,
                          on_chunk=progress, stability=args.stability,
                          checkpoint_path=checkpoint_path)

@@ -15,10 +15,11 @@ import warnings
 
 import optuna
 import pytest
-import tyro
 from optuna.trial import TrialState
 
 import postgres_server
+import ppo_breakout
+import pqn_minatar
 from benchmarks import search
 from helpers import Finished, run_main
 
@@ -29,6 +30,11 @@ FIXED = ("num_envs", "num_steps", "update_epochs", "hidden_sizes")
 TINY = ["--ppo.total-timesteps", "4096", "--ppo.num-envs", "16", "--ppo.num-steps", "128",
         "--ppo.update-epochs", "1", "--fixed", *FIXED,
         "--num-seeds", "2", "--num-chunks", "2", "--eval-episodes", "8"]
+
+
+def args_of(script: str = "ppo_breakout", **fields):
+    """search.py's arguments for `script`, as its command line would make them."""
+    return search.tune.make_args(search.Args, script, **fields)
 
 
 def search_command(storage, *flags):
@@ -80,7 +86,7 @@ def test_search_runs_two_trials_and_resumes(tmp_path):
     assert first.returncode == 0, first.stderr
     (trial,) = load(storage).trials
     assert trial.state == TrialState.COMPLETE
-    assert trial.params == search.default_params(search.Args(fixed=FIXED))  # the defaults go first
+    assert trial.params == search.default_params(args_of(fixed=FIXED))  # the defaults go first
 
     second = run_search(tmp_path, storage, "--n-trials", "2", "--sampler-seed", "0",
                         "--out", str(tmp_path / "report.json"))
@@ -95,7 +101,7 @@ def test_search_runs_two_trials_and_resumes(tmp_path):
     report = json.loads((tmp_path / "report.json").read_text())
     assert [t["number"] for t in report["trials"]] == [0, 1]
     assert report["best"][0]["summary"]["iqm"]["value"] == max(t.value for t in trials)
-    assert set(report["importances"]["values"]) <= set(search.SEARCH_SPACE)
+    assert set(report["importances"]["values"]) <= set(search.space_of("ppo_breakout").params)
     assert report["best"][0]["flags"].startswith("--ppo.")
 
 
@@ -118,9 +124,9 @@ def test_two_processes_share_a_journal_file(tmp_path):
 def test_a_trial_below_the_pruners_bar_stops_after_the_chunk_it_may_be_pruned_from(tmp_path):
     # The killed-worker test's defaults trial (8 iterations, here in 3 chunks): the compilation
     # cache holds its programs once either has run.
-    ppo = search.ppo_breakout.Args(total_timesteps=16384, num_envs=16, num_steps=128,
+    ppo = ppo_breakout.Args(total_timesteps=16384, num_envs=16, num_steps=128,
                                    update_epochs=1, jax_cache_dir="")
-    args = search.Args(ppo=ppo, fixed=FIXED, num_seeds=2, eval_episodes=8, num_chunks=3,
+    args = args_of(ppo=ppo, fixed=FIXED, num_seeds=2, eval_episodes=8, num_chunks=3,
                        prune_from_chunk=2)
     study = optuna.create_study(direction="maximize",
                                 pruner=optuna.pruners.ThresholdPruner(lower=1e9))
@@ -134,13 +140,13 @@ def test_a_trial_below_the_pruners_bar_stops_after_the_chunk_it_may_be_pruned_fr
 
 
 def test_every_searched_parameter_is_a_field_of_the_script():
-    fields = {f.name for f in dataclasses.fields(search.ppo_breakout.Args)}
-    assert set(search.SEARCH_SPACE) - set(search.WIDTHS) <= fields
-    cfg = search.to_ppo_args({"width_1": 96, "width_2": 32, "gae_lambda": 0.8},
-                             search.ppo_breakout.Args())
+    fields = {f.name for f in dataclasses.fields(ppo_breakout.Args)}
+    space = search.space_of("ppo_breakout")
+    assert set(space.params) - set(space.widths) <= fields
+    cfg = search.to_args({"width_1": 96, "width_2": 32, "gae_lambda": 0.8}, ppo_breakout.Args())
     assert (cfg.hidden_sizes, cfg.gae_lambda) == ((96, 32), 0.8)
-    flags = search.ppo_flags({"width_1": 96, "width_2": 32, "anneal_lr": False,
-                              "ent_coef": 0.012345})
+    flags = search.harness_flags({"width_1": 96, "width_2": 32, "anneal_lr": False,
+                                  "ent_coef": 0.012345}, "ppo_breakout")
     assert flags == "--ppo.no-anneal-lr --ppo.ent-coef 0.01235 --ppo.hidden-sizes 96 32"
 
 
@@ -198,7 +204,7 @@ def test_three_workers_that_start_at_once_share_one_postgres_study_exactly(serve
     assert all(t.state == TrialState.COMPLETE or t.user_attrs.get("past_budget")
                for t in study.trials)
     assert len({tuple(sorted(t.params.items())) for t in done}) == 3  # each worker draws its own
-    defaults = search.default_params(search.Args(fixed=FIXED))
+    defaults = search.default_params(args_of(fixed=FIXED))
     enqueued = [t.params for t in study.trials if "fixed_params" in t.system_attrs]
     assert enqueued == [defaults]  # by the one worker that made the study
     assert sum(t.params == defaults for t in study.trials) == 1
@@ -269,7 +275,7 @@ def test_a_killed_workers_trial_is_finished_by_another(server, tmp_path):
 
 
 def test_a_study_stored_before_a_field_existed_is_joined_with_its_value_then(tmp_path, capsys):
-    args = search.Args(storage=str(tmp_path / "study.db"), fixed=FIXED)
+    args = args_of(storage=str(tmp_path / "study.db"), fixed=FIXED)
     args.ppo.conv_channels = 0  # the network of the days before the field existed
     storage = search.open_storage(args)
     study = search.open_study(args, storage)
@@ -347,9 +353,9 @@ PQN_TINY = ["--script", "pqn_minatar", "--pqn.total-timesteps", "8192", "--pqn.n
 
 
 def test_pqns_space_holds_its_defaults_passes_its_check_and_gives_the_harness_flags():
-    space, pqn = search.SPACES["pqn_minatar"], search.pqn_minatar
+    space, pqn = search.space_of("pqn_minatar"), pqn_minatar
     assert set(space.params) - set(space.widths) <= {f.name for f in dataclasses.fields(pqn.Args)}
-    defaults = search.default_params(search.Args(script="pqn_minatar"))
+    defaults = search.default_params(args_of(script="pqn_minatar"))
     for name, dist in space.params.items():
         assert dist._contains(dist.to_internal_repr(defaults[name])), name
     # Every rollout shape of the space, at its ends, splits into every minibatch count on two
@@ -365,8 +371,8 @@ def test_pqns_space_holds_its_defaults_passes_its_check_and_gives_the_harness_fl
     # The flags a report gives are the harness's: --script, then the --pqn group.
     flags = search.harness_flags(defaults, "pqn_minatar")
     assert flags.startswith("--script pqn_minatar --pqn.learning-rate 0.0005 ")
-    harness = tyro.cli(search.tune.Args, args=flags.split())
-    assert harness.script == "pqn_minatar" and search.tune.find_group_error(harness) is None
+    harness = search.tune.parse(search.tune.Args, "", flags.split())
+    assert harness.script == "pqn_minatar"
     assert search.tune.settings(harness) == search.to_args(defaults, pqn.Args()) == pqn.Args()
 
 
@@ -382,13 +388,13 @@ def test_a_tiny_pqn_study_runs_its_defaults_first_and_reports_pqn_flags(tmp_path
     study = optuna.load_study(study_name="breakout-pqn", storage=f"sqlite:///{storage}")
     assert [t.state for t in study.trials] == [TrialState.COMPLETE, TrialState.COMPLETE]
     first, second = (t.params for t in study.trials)
-    assert first == search.default_params(search.Args(script="pqn_minatar", fixed=PQN_FIXED))
+    assert first == search.default_params(args_of(script="pqn_minatar", fixed=PQN_FIXED))
     assert (first["learning_rate"], first["q_lambda"], first["num_minibatches"]) == (5e-4, 0.65, 32)
     assert second != first and set(second) == set(first)
 
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["script"] == "pqn_minatar" and report["study_name"] == "breakout-pqn"
-    assert set(report["search_space"]) == set(search.SPACES["pqn_minatar"].params)
+    assert set(report["search_space"]) == set(search.space_of("pqn_minatar").params)
     assert report["fixed"]["num_envs"] == 16 and report["settings"]["total_timesteps"] == 8192
     best = report["best"][0]
     assert best["flags"] == search.harness_flags(best["params"], "pqn_minatar")
@@ -400,7 +406,7 @@ def test_a_tiny_pqn_study_runs_its_defaults_first_and_reports_pqn_flags(tmp_path
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")  # as search.py
 def test_a_study_refuses_a_worker_of_another_script(tmp_path, monkeypatch, capsys):
     storage = str(tmp_path / "study.db")
-    pqn = search.Args(script="pqn_minatar", storage=storage)
+    pqn = args_of(script="pqn_minatar", storage=storage)
     made = search.open_study(pqn, search.open_storage(pqn))
     assert made.study_name == "breakout-pqn"
     assert search.open_study(pqn, search.open_storage(pqn)).user_attrs == made.user_attrs  # joined
@@ -410,7 +416,7 @@ def test_a_study_refuses_a_worker_of_another_script(tmp_path, monkeypatch, capsy
         f"error: study 'breakout-pqn' in {storage} searches pqn_minatar, not ppo_breakout; give "
         f"--script pqn_minatar or another --study-name"])
 
-    ppo = search.Args(storage=storage, study_name="shared")
+    ppo = args_of(storage=storage, study_name="shared")
     study = search.open_study(ppo, search.open_storage(ppo))
     refused = [f"error: study 'shared' in {storage} searches ppo_breakout, not pqn_minatar; give "
                f"--script ppo_breakout or another --study-name"]

@@ -12,6 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import ppo_breakout as ppo
+import pqn_minatar as pqn
 from benchmarks import stats, tune
 from helpers import Finished, run_main
 
@@ -133,7 +135,7 @@ def test_a_seed_trains_the_same_beside_any_seeds_on_any_number_of_devices(whole_
     # Seeds 1-3 on two devices (one padding seed), with --stability's record, against seed 2 alone
     # on one device, without it.
     together = whole_run
-    cfg = tune.ppo_breakout.fill_runtime_fields(tune.ppo_breakout.Args(
+    cfg = ppo.fill_runtime_fields(ppo.Args(
         total_timesteps=8192, num_envs=16, num_steps=128, num_minibatches=4, update_epochs=1))
     alone = tune.train_seeds(cfg, [2], eval_episodes=8, num_chunks=4, num_devices=1)
     assert together["seeds"] == [1, 2, 3] and len(together["eval_returns"]) == 3
@@ -151,9 +153,9 @@ def test_the_harness_builds_the_network_its_settings_describe(monkeypatch):
     def build(*args, **kwargs):  # the network the harness asks for, and no training after it
         raise Built(make_network(*args, **kwargs))
 
-    make_network = tune.ppo_breakout.make_network
-    monkeypatch.setattr(tune.ppo_breakout, "make_network", build)
-    cfg = tune.ppo_breakout.fill_runtime_fields(tune.ppo_breakout.Args(
+    make_network = ppo.make_network
+    monkeypatch.setattr(ppo, "make_network", build)
+    cfg = ppo.fill_runtime_fields(ppo.Args(
         total_timesteps=4096, num_envs=16, num_steps=128, hidden_sizes=(8,), activation="relu",
         layer_norm=False, conv_channels=2))
     with pytest.raises(Built) as built:
@@ -186,7 +188,7 @@ def test_a_baseline_is_compared_on_this_runs_seeds_only():
                               train_seconds=0.0, eval_seconds=0.0)
     baseline = {"seeds": [1, 2, 3, 4], "eval_returns": [10.0, 25.0, 35.0, 99.0],
                 "changed_args": {}, "command": "c"}
-    out = tune.result_json(tune.ppo_breakout.Args(), [2, 3], result, 8, "command", 1.0, baseline)
+    out = tune.result_json(ppo.Args(), [2, 3], result, 8, "command", 1.0, baseline)
     assert out["comparison"]["mean_difference"]["value"] == pytest.approx((30 + 40 - 25 - 35) / 2)
 
 
@@ -240,9 +242,9 @@ PQN_TINY = ["--script", "pqn_minatar", "--pqn.total-timesteps", "8192", "--pqn.n
             "--eval-episodes", "4", "--num-chunks", "2"]
 
 
-def pqn_tiny_args() -> tune.pqn_minatar.Args:
+def pqn_tiny_args() -> pqn.Args:
     """PQN_TINY's settings, as train_seeds takes them."""
-    return tune.pqn_minatar.fill_runtime_fields(tune.pqn_minatar.Args(
+    return pqn.fill_runtime_fields(pqn.Args(
         total_timesteps=8192, num_envs=16))
 
 
@@ -261,7 +263,7 @@ def test_the_harness_trains_pqn_for_two_seeds_and_says_so(pqn_run):
     assert json.loads(finished.stdout) == result
     assert "chunk  1/2" in finished.stderr and "chunk  2/2" in finished.stderr
     assert (result["script"], result["policy"]) == ("pqn_minatar", "greedy")
-    assert "ppo_args" not in result and result["pqn_args"]["q_lambda"] == 0.65
+    assert result["args"]["q_lambda"] == 0.65
     assert result["changed_args"] == {"total_timesteps": 8192, "num_envs": 16}
     assert result["seeds"] == [1, 2] and result["curve"]["steps"] == [4096, 8192]
     # Breakout's returns count bricks: whole, finite, not negative; every seed ends episodes.
@@ -271,11 +273,13 @@ def test_the_harness_trains_pqn_for_two_seeds_and_says_so(pqn_run):
     assert (np.array(result["curve"]["return_sums"]) >= 0).all()
 
 
-def test_the_harness_scores_pqn_by_the_argmax_of_its_q_values():
-    cfg = pqn_tiny_args()
-    env, env_params = tune.pqn_minatar.make_env(cfg.env_id, cfg.sticky_action_prob)
-    network, _, _, policy, greedy = tune.build(cfg, env, env_params)
-    assert greedy and policy is network.apply  # PQN's own test protocol: argmax Q
+def test_the_harness_scores_pqn_by_the_argmax_of_its_q_values(monkeypatch):
+    # The harness plays the script's headline policy: PQN's own test protocol, argmax Q.
+    played = []
+    evaluate = tune.evaluate
+    monkeypatch.setattr(tune, "evaluate", lambda *a, **k: played.append(a[2]) or evaluate(*a, **k))
+    tune.train_seeds(pqn_tiny_args(), [1], eval_episodes=4, num_chunks=1, num_devices=1)
+    assert pqn.HEADLINE_POLICY == "greedy" and played == [True, True]  # both protocols
 
 
 def test_a_pqn_seed_trains_the_same_beside_another_seed_as_alone(pqn_run):
@@ -311,11 +315,9 @@ def test_a_stopped_pqn_run_resumes_from_its_checkpoint_bit_for_bit(pqn_run, tmp_
 
 @pytest.mark.parametrize("flags, message", [
     (["--script", "pqn_minatar", "--ppo.gae-lambda", "0.8"],
-     "error: --ppo.gae-lambda is a setting of ppo_breakout; give --script ppo_breakout"),
-    (["--pqn.q-lambda", "0.8"],
-     "error: --pqn.q-lambda is a setting of pqn_minatar; give --script pqn_minatar"),
-    (["--script", "pqn_minatar", "--stability"],
-     "error: --stability records PPO's log-ratios: it needs --script ppo_breakout"),
+     "error: Unrecognized options: --ppo.gae-lambda"),
+    (["--pqn.q-lambda", "0.8"], "error: Unrecognized options: --pqn.q-lambda"),
+    (["--script", "no_such_script"], "error: --script no_such_script: no such script"),
     (["--script", "pqn_minatar", "--baseline", "ppo.json"],
      "error: --baseline ppo.json is a result of another script, not pqn_minatar"),
 ])

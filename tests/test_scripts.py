@@ -36,7 +36,7 @@ from helpers import (
     run_script,
     tiny_network_params,
 )
-from utils import diagnostics, evaluation, files
+from utils import evaluation, files
 from utils import model as model_file
 from utils.evaluation import evaluate
 
@@ -48,7 +48,7 @@ TAGS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "chart
         "losses/clipfrac", "losses/explained_variance",
         "eval/sampled_return", "eval/greedy_return", "eval/sticky_0.1/sampled_return",
         "eval/sticky_0.1/greedy_return", "eval/greedy_distinct_episodes"]
-DIAGNOSTIC_TAGS = [f"diagnostics/{name}" for name in diagnostics.DIAGNOSTICS] + [
+DIAGNOSTIC_TAGS = [f"diagnostics/{name}" for name in ppo.DIAGNOSTICS] + [
     f"diagnostics/action_{a}_frequency" for a in range(3)]
 
 
@@ -56,7 +56,7 @@ def test_script_logs_tensorboard_and_writes_summary(tiny_run):
     result, run_dir = tiny_run
     assert ("eval (sampled, 8 episodes)" in result.stdout
             and "eval ( greedy, 8 episodes)" in result.stdout)
-    assert os.path.basename(run_dir).startswith("Breakout-MinAtar__ppo__3__")
+    assert os.path.basename(run_dir).startswith("Breakout-MinAtar__ppo_breakout__3__")
 
     scalars = read_scalars(run_dir)
     for tag in TAGS:
@@ -197,7 +197,7 @@ def test_each_game_trains_evaluates_and_is_drawn(env_id, tmp_path, monkeypatch):
     result = run_in_process(tmp_path, "--env-id", env_id, *SMOKE, *conv_flags)
     assert result.returncode == 0, result.stderr
     run_dir = only_run_dir(tmp_path)
-    assert os.path.basename(run_dir).startswith(f"{env_id}__ppo__1__")
+    assert os.path.basename(run_dir).startswith(f"{env_id}__ppo_breakout__1__")
     with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
     assert summary["status"] == "completed" and summary["global_step"] == 512
