@@ -1,7 +1,8 @@
 """What checkpoints cost training, measured side by side in one process.
 
 Whole runs with and without checkpoints differ by less than a busy machine's run-to-run noise. So
-this compiles ppo_breakout.py's update once and trains in blocks of --block iterations, alternating
+this compiles a script's update once (--script, any that keeps utils/contract.py; ppo_breakout by
+default, its flags in --script-args) and trains in blocks of --block iterations, alternating
 blocks that write a checkpoint every --checkpoint-every iterations with blocks that write none (the
 order flips every pair), each block timed whole: logging, checkpoints and the wait for the
 background writes included. Neighbouring blocks share the machine's state, so their ratio is what to
@@ -9,17 +10,18 @@ read. It also times each checkpoint: the main thread's time in Checkpointer.save
 included), and the CPU time of the background write (serializing, writing and syncing), which on a
 machine with every core busy training is at most what that write takes from training.
 
-The update is split over NUM_DEVICES (2) devices, the script's default; the report records the
+The update is split over NUM_DEVICES (2) devices, the scripts' default; the report records the
 count it ran on.
 
 Run:  python benchmarks/checkpoint_cost.py --pairs 40 --out benchmarks/results/checkpoint_cost.json
+      python benchmarks/checkpoint_cost.py --script pqn_minatar --script-args="--num-envs 256"
 """
 
 import contextlib
 import dataclasses
-import functools
 import io
 import os
+import shlex
 import sys
 import tempfile
 import time
@@ -34,13 +36,17 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import tyro  # noqa: E402
 
-import ppo_breakout as ppo  # noqa: E402
-from benchmarks import common  # noqa: E402
-from utils import checkpoint, cli, parallel, training  # noqa: E402
+from benchmarks import common, tune  # noqa: E402
+from utils import checkpoint, cli, training  # noqa: E402
+from utils.env import make_env  # noqa: E402
 
 
 @dataclasses.dataclass
 class Args:
+    script: str = "ppo_breakout"
+    """the script whose training is measured (a name, or a path relative to the project)"""
+    script_args: str = ""
+    """the script's flags, as one string (its defaults otherwise; devices and budget are set)"""
     checkpoint_every: int = 5
     """iterations between checkpoints in the blocks that write them"""
     block: int = 10
@@ -63,22 +69,15 @@ def main() -> None:
     if error:
         common.fail(error)
     common.check_out(bench.out)
-    # The script's defaults on NUM_DEVICES devices, long enough for every block.
-    args = ppo.Args(num_devices=NUM_DEVICES,
-                    total_timesteps=8192 * bench.block * 2 * (bench.pairs + 1))
-    args = ppo.fill_runtime_fields(args)
+    # The script's settings on NUM_DEVICES devices, long enough for every block.
+    script = tune.load_script(bench.script)
+    flags = ["--num-devices", str(NUM_DEVICES), *shlex.split(bench.script_args)]
+    args = training.parse_args(script, flags)
+    args.total_timesteps = args.steps_per_iteration * bench.block * 2 * (bench.pairs + 1)
+    args = script.fill_runtime_fields(args)
     args.checkpoint_every = bench.checkpoint_every
-    env, env_params = ppo.make_env(args.env_id, args.sticky_action_prob)
-    network = ppo.make_network(env.action_space(env_params).n, args.hidden_sizes, args.activation,
-                               args.layer_norm, args.conv_channels)
-    optimizer = ppo.make_optimizer(args)
-    mesh = parallel.make_mesh(args.num_devices)
-    init = functools.partial(ppo.init_runner, env=env, env_params=env_params, network=network,
-                             optimizer=optimizer, num_envs=args.num_envs)
-    runner = jax.jit(init, out_shardings=parallel.shardings(mesh, ppo.RUNNER_SPECS))(
-        jax.random.key(args.seed))
-    update_step = ppo.make_parallel_update_step(args, env, env_params, network, optimizer, mesh)
-    update_step = update_step.lower(runner).compile()
+    env, env_params = make_env(args.env_id, args.sticky_action_prob)
+    agent = script.make_agent(args, env, env_params)
 
     main_seconds, background_cpu_seconds = [], []
     save, write = checkpoint.Checkpointer.save, checkpoint.Checkpointer.write
@@ -94,11 +93,12 @@ def main() -> None:
         background_cpu_seconds.append(time.thread_time() - start)
     checkpoint.Checkpointer.save, checkpoint.Checkpointer.write = timed_save, timed_write
 
-    # The script's loop (ppo_breakout.main) with its bookkeeping, checkpoints on or off by block.
+    # The script's loop (its main) with its bookkeeping, checkpoints on or off by block.
     seconds, iteration = {"on": [], "off": []}, 0
     with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp), \
             contextlib.redirect_stdout(io.StringIO()):
-        with training.Run(ppo.__file__, args, None, 0.0, time.time()) as run:
+        with training.Run(script, args, agent, env, env_params) as run:
+            runner, update_step = run.state, run.update_step
             checkpoints, run.train_start = run.checkpoints, time.time()
             for pair in range(bench.pairs + 1):
                 for kind in (("on", "off") if pair % 2 else ("off", "on")):
@@ -108,13 +108,13 @@ def main() -> None:
                         iteration += 1
                         runner, metrics = update_step(runner)
                         metrics = jax.device_get(metrics)
-                        run.log_iteration(iteration, metrics, ppo.iteration_scalars(args, metrics),
-                                          metrics.get("histograms"))
+                        run.log_iteration(iteration, metrics, {}, metrics.get("histograms"))
                         run.end_iteration(iteration, runner)
                     checkpoints.wait()  # the block's last write counts as its own
                     if pair:  # pair 0 warms up
                         seconds[kind].append(time.perf_counter() - start)
             run.checkpoints = checkpoints
+            checkpoint_bytes = os.path.getsize(checkpoints.path)
     ratios = np.array(seconds["on"]) / np.array(seconds["off"])
     iteration = np.median(seconds["off"]) / bench.block
     per_checkpoint = np.median(main_seconds) + np.median(background_cpu_seconds)
@@ -122,9 +122,11 @@ def main() -> None:
         return {"median": float(np.median(x)), "quartiles": np.percentile(x, [25, 75]).tolist(),
                 "range": [float(np.min(x)), float(np.max(x))]}
     report = common.new_report(
-        load_average=os.getloadavg(), devices=mesh.devices.size,
+        script=tune.name_of(script), script_args=bench.script_args,
+        load_average=os.getloadavg(), devices=args.num_devices,
         platform=jax.devices()[0].platform, block_iterations=bench.block,
-        checkpoint_every=bench.checkpoint_every, steps_per_iteration=args.batch_size,
+        checkpoint_every=bench.checkpoint_every, steps_per_iteration=args.steps_per_iteration,
+        checkpoint_bytes=checkpoint_bytes,
         seconds=seconds, block_ratio=summary(ratios),
         main_thread_ms=summary(1e3 * np.array(main_seconds)),
         background_cpu_ms=summary(1e3 * np.array(background_cpu_seconds)),
