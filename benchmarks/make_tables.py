@@ -30,13 +30,15 @@ import tyro
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks import aggregate, stats  # noqa: E402
-from utils import files  # noqa: E402
+from utils import contract, files  # noqa: E402
 
 RESULTS = os.path.join("benchmarks", "results")
 MANIFEST = os.path.join("benchmarks", "tables.toml")
-DOCS = ("README.md", *(os.path.join("docs", name) for name in (
-    "tuning.md", "tuning_history.md", "loss_stability.md", "ppo_breakout.md", "pqn_minatar.md")),
-    os.path.join("models", "README.md"))
+# The pages with tables: the README, every page in docs/ (one per script, and more), models/'s.
+DOCS = ("README.md", *sorted(glob.glob("*.md", root_dir=os.path.join(ROOT, "docs"))),
+        os.path.join("models", "README.md"))
+DOCS = tuple(page if page in ("README.md", DOCS[-1]) else os.path.join("docs", page)
+             for page in DOCS)
 THIS = "python benchmarks/make_tables.py"
 PROTOCOLS = {"g": ("eval_returns", "gymnax's"), "m": ("eval_returns_minatar", "MinAtar's")}
 
@@ -112,6 +114,14 @@ def flag(name: str, value, prefix: str) -> str:
     return f"{prefix}{kebab} {shown}"
 
 
+def ignored(module) -> set[str]:
+    """The fields a rendered command leaves out: those that change no result (utils/contract.py),
+    the evaluation's size, and what only adds logging; --eval-every stays, as a row's eval_curve
+    needs it."""
+    return ({*contract.NOT_RESULTS, "eval_episodes", *getattr(module, "QUIET_ARGS", {})}
+            - {"eval_every"})
+
+
 def command(result: dict) -> str:
     """The recorded command, with a flag for each recorded argument that differs from the script's
     defaults today and that the command leaves to them: it reruns the result on today's code. The
@@ -124,17 +134,19 @@ def command(result: dict) -> str:
         return "\n".join(seed_command(result, row) for row in result["rows"])
     if len(words) < 2 or words[0] != "python" or recorded_args(result) is None:
         return cmd  # no script arguments recorded: shown as run
-    spec = dict(manifest()["harness"].get(words[1], {"script": words[1], "prefix": "--"}))
+    spec = dict(manifest()["harness"].get(words[1], {"script": words[1]}))
     if result.get("script"):  # a harness that runs more than one script names the one it ran
         spec["script"] = f"{result['script']}.py"
-        spec["prefix"] = spec.get("prefixes", {}).get(spec["script"], spec["prefix"])
-    script = manifest()["script"][spec["script"]]
-    args = {**script["before"], **recorded_args(result)}  # a field younger than the run: "before"
-    module = importlib.import_module(os.path.splitext(os.path.basename(spec["script"]))[0])
+    name = os.path.splitext(os.path.basename(spec["script"]))[0]
+    # The harness's flags of a script's settings are named after it: --ppo.* for ppo_breakout.
+    prefix = f"--{name.split('_')[0]}." if spec.get("grouped") else "--"
+    before = manifest()["script"].get(spec["script"], {}).get("before", {})
+    args = {**before, **recorded_args(result)}  # a field younger than the run: "before"
+    module = importlib.import_module(name)
     defaults = {f.name: getattr(module.Args, f.name) for f in dataclasses.fields(module.Args)
-                if f.init and f.name not in script["ignore"]}
-    if spec.get("game_rows") and "game_rows" in script:  # the script applies its per-game rows
-        defaults.update(getattr(module, script["game_rows"]).get(args.get("env_id"), {}))
+                if f.init and f.name not in ignored(module)}
+    if spec.get("game_rows"):  # the script applies its per-game rows
+        defaults.update(getattr(module, "GAME_DEFAULTS", {}).get(args.get("env_id"), {}))
     given = " ".join(words[2:])
     pins = []
     for name, value in args.items():
@@ -142,7 +154,7 @@ def command(result: dict) -> str:
         if name not in defaults or re.search(rf"--(\w+\.)?(no-)?{kebab}\b", given):
             continue
         if value != (list(defaults[name]) if isinstance(defaults[name], tuple) else defaults[name]):
-            pins.append(flag(name, value, spec["prefix"]))
+            pins.append(flag(name, value, prefix))
     if not pins:
         return cmd
     if spec.get("inside"):  # the script's flags travel in one argument of the harness
