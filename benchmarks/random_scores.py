@@ -13,11 +13,10 @@ import shlex
 import sys
 
 import jax
-import jax.numpy as jnp
 import tyro
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import ppo_breakout  # noqa: E402
+from utils.env import make_env  # noqa: E402
 from utils.evaluation import PROTOCOLS, evaluate, protocol_params  # noqa: E402
 
 GAMES = ("Asterix-MinAtar", "Breakout-MinAtar", "Freeway-MinAtar", "SpaceInvaders-MinAtar",
@@ -41,14 +40,17 @@ def main() -> None:
         sys.exit(2)
     scores = {}
     for env_id in GAMES:
-        env, env_params = ppo_breakout.make_env(env_id, 0.0)
+        env, env_params = make_env(env_id, 0.0)
         num_actions = env.action_space(env_params).n
+
+        def uniform(params, obs, key, greedy, num_actions=num_actions):
+            return jax.random.randint(key, obs.shape[:1], 0, num_actions)
+
         scores[env_id] = {}
         for protocol in PROTOCOLS:
             params = protocol_params(env_id, env_params, protocol)
             result = evaluate(jax.random.key(args.seed), None, False, env=env, env_params=params,
-                              policy_apply=lambda _, obs: jnp.zeros((obs.shape[0], num_actions)),
-                              num_episodes=args.episodes,
+                              act=uniform, num_episodes=args.episodes,
                               max_steps=params.env_params.max_steps_in_episode + 1)
             scores[env_id][protocol] = float(result.returns.mean())
             print(f"{env_id:24s} {protocol:8s} {scores[env_id][protocol]:8.3f}", file=sys.stderr)

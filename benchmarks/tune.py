@@ -33,6 +33,7 @@ import functools
 import importlib.util
 import json
 import os
+import re
 import resource
 import shlex
 import sys
@@ -117,8 +118,14 @@ def parse(base: type, description: str, argv: list[str] | None = None):
     """The command line as `base` with the settings of the script it names; one error line and
     exit 2 for a script that cannot be loaded."""
     argv = sys.argv[1:] if argv is None else argv
+    script = script_given(argv)
     try:
-        args_type = with_settings(base, script_given(argv))
+        args_type, group = with_settings(base, script), group_of(script)
+        other = next((t for t in argv if re.match(r"--\w+\.", t) and
+                      not t.startswith(f"--{group}.")), None)
+        if other:  # a setting of another script would not parse: say which flags do
+            raise ValueError(f"{other.split('=')[0]}: the settings of --script {script} are "
+                             f"--{group}.* flags")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -435,9 +435,9 @@ def test_a_study_refuses_a_worker_of_another_script(tmp_path, monkeypatch, capsy
 
 @pytest.mark.parametrize("flags, message", [
     (["--pqn.q-lambda", "0.8"],
-     "error: --pqn.q-lambda is a setting of pqn_minatar; give --script pqn_minatar"),
+     "error: --pqn.q-lambda: the settings of --script ppo_breakout are --ppo.* flags"),
     (["--script", "pqn_minatar", "--ppo.gae-lambda", "0.8"],
-     "error: --ppo.gae-lambda is a setting of ppo_breakout; give --script ppo_breakout"),
+     "error: --ppo.gae-lambda: the settings of --script pqn_minatar are --pqn.* flags"),
     (["--script", "pqn_minatar", "--fixed", "q_lambda", "gae_lambda"],
      "error: --fixed gae_lambda: not in the search space of pqn_minatar"),
     (["--script", "pqn_minatar", "--pqn.q-lambda", "2"],

@@ -315,8 +315,9 @@ def test_a_stopped_pqn_run_resumes_from_its_checkpoint_bit_for_bit(pqn_run, tmp_
 
 @pytest.mark.parametrize("flags, message", [
     (["--script", "pqn_minatar", "--ppo.gae-lambda", "0.8"],
-     "error: Unrecognized options: --ppo.gae-lambda"),
-    (["--pqn.q-lambda", "0.8"], "error: Unrecognized options: --pqn.q-lambda"),
+     "error: --ppo.gae-lambda: the settings of --script pqn_minatar are --pqn.* flags"),
+    (["--pqn.q-lambda", "0.8"],
+     "error: --pqn.q-lambda: the settings of --script ppo_breakout are --ppo.* flags"),
     (["--script", "no_such_script"], "error: --script no_such_script: no such script"),
     (["--script", "pqn_minatar", "--baseline", "ppo.json"],
      "error: --baseline ppo.json is a result of another script, not pqn_minatar"),

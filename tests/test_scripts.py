@@ -151,9 +151,11 @@ def test_diagnostics_observe_training_without_changing_it(tiny_run, tmp_path):
 # --------------------------------------------------------------------------------------------------
 def random_policy_return(env_id: str, episodes: int = 256) -> float:
     env, env_params = gymnax.make(env_id)
-    uniform = lambda params, obs: jnp.zeros((obs.shape[0], env.num_actions))  # noqa: E731
+    def uniform(params, obs, key, greedy):
+        return jax.random.randint(key, obs.shape[:1], 0, env.num_actions)
+
     result = evaluate(jax.random.key(0), None, False, env=env, env_params=env_params,
-                      policy_apply=uniform, num_episodes=episodes,
+                      act=uniform, num_episodes=episodes,
                       max_steps=env_params.max_steps_in_episode + 1)
     return float(result.returns.mean())
 
