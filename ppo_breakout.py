@@ -6,8 +6,9 @@ GAE, and `update_epochs` x `num_minibatches` gradient steps on the clipped surro
 formed from log-probabilities (see loss_stability.py). The Python loop around it only logs; at the
 end the final policy is evaluated, drawn and saved.
 
-Read it top to bottom: arguments, network, rollout, GAE, loss, update, metrics, then `main` and
-its training loop. What every script shares (the environment wrapper, checkpoints, logging, model
+Read it top to bottom: arguments, network, rollout, GAE, loss, update, metrics, then `make_agent`
+(what the shared run compiles, checkpoints and evaluates: utils/contract.py) and `main` with its
+training loop. What every script shares (the environment wrapper, checkpoints, logging, model
 files, evaluation, pictures) is in utils/.
 
 Run:  python ppo_breakout.py --total-timesteps 1000000

@@ -9,7 +9,8 @@ the squared TD error. The Python loop around it only logs; at the end the final 
 evaluated (greedy and epsilon-greedy), drawn and saved.
 
 Read it top to bottom: arguments, network, rollout, Q(lambda) targets, loss, update, metrics, the
-data-parallel iteration and the argument checks, then `main` and its training loop. What every
+data-parallel iteration and the argument checks, then `make_agent` (what the shared run compiles,
+checkpoints and evaluates: utils/contract.py) and `main` with its training loop. What every
 script shares (the environment wrapper, checkpoints, logging, model files, evaluation, pictures) is
 in utils/.
 
@@ -321,9 +322,10 @@ def make_pqn_iteration(args: Args, env, env_params, network: hk.Transformed,
 
 def make_update_step(args: Args, env, env_params, network: hk.Transformed,
                      optimizer: optax.GradientTransformation):
-    """One PQN iteration and its metrics on one device, for the caller to jit: what the many-seed
-    harness (benchmarks/tune.py) trains each seed with. `main` runs the data-parallel version
-    below, which is this iteration on each device's share of the environments."""
+    """One PQN iteration and its metrics on one device, for the caller to jit: what a run on one
+    device and the many-seed harness (benchmarks/tune.py) train with. On more devices the run
+    takes the data-parallel version below, this iteration on each device's share of the
+    environments."""
     pqn_iteration = make_pqn_iteration(args, env, env_params, network, optimizer)
 
     def update_step(runner: RunnerState) -> tuple[RunnerState, dict[str, jax.Array]]:

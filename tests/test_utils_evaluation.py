@@ -1,6 +1,7 @@
-"""Tests of utils/evaluation.py: `evaluate` on a probe environment with known returns, lengths and
-episodes, and the two protocols (gymnax's time limit; MinAtar's sticky actions and the game's own
-end), played past gymnax's limit by the final evaluation."""
+"""Tests of utils/evaluation.py: `evaluate` on probe environments with known returns, lengths and
+episodes, every episode counted once and whole however long, the same numbers whatever batch
+widths or devices play them, and the two protocols (gymnax's time limit; MinAtar's sticky actions
+and the game's own end), played past gymnax's limit by the final evaluation."""
 
 import jax
 import jax.numpy as jnp
@@ -8,44 +9,52 @@ import numpy as np
 import pytest
 
 from helpers import GAMES
-from probe_envs import ProbeEnv
+from probe_envs import ProbeEnv, ProbeParams
 from utils import evaluation
-from utils.env import make_env
+from utils.env import StickyActions, StickyParams, make_env
 from utils.evaluation import evaluate
+
+
+def act_by_logits(params, obs, key, greedy):
+    """The probe's policy: logits `params` for every observation, arg-max when greedy."""
+    logits = jnp.tile(params, (obs.shape[0], 1))
+    return jnp.where(greedy, jnp.argmax(logits, axis=-1), jax.random.categorical(key, logits))
+
+
+GREEDY_ONE = jnp.array([0.0, 10.0])  # greedy: action 1, reward 1 every step
+UNIFORM = jnp.zeros(2)  # sampled: each action half the time
+LEANING_ONE = jnp.array([0.0, 0.5])  # greedy: action 1; sampled: action 1 62% of the time
 
 
 def test_evaluate_counts_complete_episodes_with_known_returns():
     env = ProbeEnv()
-    policy = lambda params, obs: jnp.tile(params, (obs.shape[0], 1))  # noqa: E731
-    greedy_one = jnp.array([0.0, 10.0])
-    result = evaluate(jax.random.key(0), greedy_one, True, env=env, env_params=env.default_params,
-                      policy_apply=policy, num_episodes=64, max_steps=10)
+    result = evaluate(jax.random.key(0), GREEDY_ONE, True, env=env, env_params=env.default_params,
+                      act=act_by_logits, num_episodes=64, max_steps=10)
     assert result.finished.all()
     assert set(np.asarray(result.lengths)) == {2, 3, 4}  # horizon 6 is cut by the 4-step limit
     # nothing after the auto-reset counts
     np.testing.assert_array_equal(result.returns, result.lengths)
 
     # Uniform sampling (the logits are ignored only when greedy): about half the steps pay 1.
-    sampled = evaluate(jax.random.key(0), greedy_one * 0.0, False, env=env,
-                       env_params=env.default_params, policy_apply=policy, num_episodes=256,
-                       max_steps=10)
+    sampled = evaluate(jax.random.key(0), UNIFORM, False, env=env, env_params=env.default_params,
+                       act=act_by_logits, num_episodes=256, max_steps=10)
     assert abs(float(sampled.returns.sum() / sampled.lengths.sum()) - 0.5) < 0.1
 
     # Stopped before the longer episodes end: those are reported as unfinished, never as done.
-    cut = evaluate(jax.random.key(0), greedy_one, True, env=env, env_params=env.default_params,
-                   policy_apply=policy, num_episodes=64, max_steps=2)
+    cut = evaluate(jax.random.key(0), GREEDY_ONE, True, env=env, env_params=env.default_params,
+                   act=act_by_logits, num_episodes=64, max_steps=2)
     assert np.all(np.asarray(cut.lengths) == 2)
     assert 0 < int(cut.finished.sum()) < 64
+    np.testing.assert_array_equal(cut.terminated, cut.finished)  # horizon 2 ends by the game
 
 
 def test_evaluate_keeps_what_behaviour_diagnostics_need():
     # Greedy action 1 in the probe: an episode is fixed by its horizon (2, 3, or 6 cut to 4 by the
     # time limit), so there are exactly three distinct episodes, and the frames are the clock.
     env = ProbeEnv()
-    policy = lambda params, obs: jnp.tile(params, (obs.shape[0], 1))  # noqa: E731
     result = jax.device_get(evaluate(
-        jax.random.key(0), jnp.array([0.0, 10.0]), True, env=env, env_params=env.default_params,
-        policy_apply=policy, num_episodes=64, max_steps=10, num_recorded=4))
+        jax.random.key(0), GREEDY_ONE, True, env=env, env_params=env.default_params,
+        act=act_by_logits, num_episodes=64, max_steps=10, num_recorded=4))
     lengths = result.lengths
     np.testing.assert_array_equal(result.terminated, lengths < 4)  # 4 steps: the time limit
     # the step it ended on, pre-reset
@@ -60,11 +69,85 @@ def test_evaluate_keeps_what_behaviour_diagnostics_need():
     # Sampled actions change the observations only through the clock here, which they do not touch:
     # the fingerprint depends on the observations alone, not on the actions or rewards.
     sampled = jax.device_get(evaluate(
-        jax.random.key(1), jnp.zeros(2), False, env=env, env_params=env.default_params,
-        policy_apply=policy, num_episodes=64, max_steps=10))
+        jax.random.key(1), UNIFORM, False, env=env, env_params=env.default_params,
+        act=act_by_logits, num_episodes=64, max_steps=10))
     assert len(np.unique(sampled.fingerprint)) == 3
 
 
+# --------------------------------------------------------------------------------------------------
+# Every episode counted once and whole, however long, wherever it is played
+# --------------------------------------------------------------------------------------------------
+# Half the episodes end after 1 step, half after 300: an evaluation that waited for no episode by
+# counting the first ones to end would report nearly only the short ones.
+SHORT_AND_LONG = ProbeEnv(horizons=(1, 300))
+NO_LIMIT = ProbeParams(max_steps_in_episode=1000)
+
+
+def test_every_episode_is_counted_once_and_whole_however_long():
+    num_episodes = 256
+    result = jax.device_get(evaluate(
+        jax.random.key(0), GREEDY_ONE, True, env=SHORT_AND_LONG, env_params=NO_LIMIT,
+        act=act_by_logits, num_episodes=num_episodes, max_steps=1001, num_recorded=4))
+    # Each episode played to its own end, and its numbers are its own: the clock it ended on.
+    assert result.finished.all() and result.terminated.all()
+    assert set(result.lengths.tolist()) == {1, 300}
+    np.testing.assert_array_equal(result.returns, result.lengths)
+    np.testing.assert_allclose(result.final_obs[:, 0], result.lengths / 10, rtol=1e-6)
+    # Which horizon an episode draws is a fair coin: about half are long, and the mean return is
+    # the known mean, (1 + 300) / 2, within four standard errors.
+    long_share = float(np.mean(result.lengths == 300))
+    assert abs(long_share - 0.5) < 4 * 0.5 / np.sqrt(num_episodes), long_share
+    standard_error = 299 * 0.5 / np.sqrt(num_episodes)
+    assert abs(float(result.returns.mean()) - 150.5) < 4 * standard_error, result.returns.mean()
+    # The recorded episodes are episodes 0-3 whole, however long.
+    for frames, length in zip(result.frames, result.lengths[:4]):
+        np.testing.assert_allclose(frames[:length + 1, 0], np.arange(length + 1) / 10, rtol=1e-6)
+
+
+def sticky_probe(sticky: float) -> tuple[StickyActions, StickyParams]:
+    """SHORT_AND_LONG with sticky actions: an episode's actions, repeats and horizon are all drawn
+    from its keys."""
+    return StickyActions(SHORT_AND_LONG), StickyParams(NO_LIMIT, sticky)
+
+
+def test_an_episode_is_the_same_whatever_batch_widths_play_it():
+    # Sampled actions, sticky repeats and random horizons: each episode's return depends on every
+    # key it draws, and must not change when it is played in another slot or a narrower batch.
+    env, env_params = sticky_probe(0.3)
+    num_episodes = 40
+
+    def played(widths):
+        return jax.device_get(evaluate(
+            jax.random.key(3), UNIFORM, False, env=env, env_params=env_params, act=act_by_logits,
+            num_episodes=num_episodes, max_steps=1001, num_recorded=3, widths=widths))
+
+    default = played(None)
+    assert evaluation.batch_widths(num_episodes) == (40, 10, 3, 1)
+    assert len(np.unique(default.returns)) > 10  # the keys do make episodes differ
+    for widths in [(num_episodes,), (num_episodes, 39, 20, 7, 2, 1), (num_episodes, 1)]:
+        jax.tree.map(np.testing.assert_array_equal, played(widths), default)
+
+
+def test_final_evaluation_is_the_same_on_one_device_or_two():
+    env, env_params = sticky_probe(0.0)  # each protocol sets its own stickiness
+    key = jax.random.key(5)
+    results = []
+    for num_devices in (1, 2):
+        evaluate_pair, _ = evaluation.make_evaluate_pair(env, "Probe", env_params, act_by_logits,
+                                                         12, num_devices)
+        results.append(jax.device_get([evaluate_pair(key, LEANING_ONE, pair) for pair in (0, 1)]))
+    jax.tree.map(np.testing.assert_array_equal, *results)
+    # Both evaluations of a pair play with the same key: the same horizons, drawn at reset, whatever
+    # the actions; without sticky actions the greedy policy earns 1 a step.
+    for pair in results[0]:
+        np.testing.assert_array_equal(pair.lengths[0], pair.lengths[1])
+    assert len(np.unique(results[0][0].returns)) > 4
+    np.testing.assert_array_equal(results[0][1].returns[0], results[0][1].lengths[0])
+
+
+# --------------------------------------------------------------------------------------------------
+# The protocols
+# --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("env_id", GAMES)
 def test_minatar_protocol_is_sticky_with_no_time_limit_but_the_games_own(env_id):
     env, env_params = make_env(env_id, 0.0)
@@ -90,7 +173,7 @@ def test_the_final_evaluation_plays_minatar_protocol_past_gymnax_time_limit(monk
     # MinAtar's only at the safety bound (lowered here so the test is quick).
     monkeypatch.setattr(evaluation, "SAFETY_BOUND", 1200)
     env, env_params = make_env("Seaquest-MinAtar", 0.0)
-    idle = lambda _, obs: jnp.zeros((obs.shape[0], 6)).at[:, 0].set(50.0)  # noqa: E731
+    idle = lambda params, obs, key, greedy: jnp.zeros(obs.shape[0], jnp.int32)  # noqa: E731
     evaluate_pair, _ = evaluation.make_evaluate_pair(
         env, "Seaquest-MinAtar", env_params, idle, 2, 2)
 

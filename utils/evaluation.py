@@ -1,10 +1,15 @@
 """Run complete episodes of a discrete-action policy in a gymnax environment.
 
-`evaluate` plays `num_episodes` episodes side by side (one environment each, under `vmap`) inside
-one `jax.lax.while_loop`, and stops when every episode has ended. An episode ends when the
-environment says `terminated` or `truncated` (e.g. Breakout-MinAtar's 1000-step limit): both count
-as finished. gymnax auto-resets an environment the step it ends, so each episode's return and length
-are frozen at that step and whatever the reset environment does afterwards is ignored.
+`evaluate` plays `num_episodes` episodes side by side (one environment each, under `vmap`) in
+`jax.lax.while_loop`s. An episode ends when the environment says `terminated` or `truncated` (e.g.
+Breakout-MinAtar's 1000-step limit): both count as finished. gymnax auto-resets an environment the
+step it ends, so an ended episode's numbers are frozen and whatever follows is ignored.
+
+No episode waits for the longest one: whenever at most a quarter of the batch still plays, those
+episodes move to a batch a quarter as wide, so each step costs about as many environment steps as
+there are episodes still playing. Every episode is played to its end (or the bound) and counted
+once, whatever its length; each draws from its own keys, fold_in(key, episode), so its outcome does
+not depend on which slot or batch width plays it.
 
 Besides returns and lengths it keeps what behaviour diagnostics need: each episode's last
 observation (before the auto-reset), whether it terminated, a fingerprint of its observation
@@ -36,18 +41,25 @@ class EvalResult(NamedTuple):
     frames: jax.Array  # (num_recorded, record_steps + 1, *obs_shape) first episodes' observations
 
 
-class _EvalCarry(NamedTuple):
-    key: jax.Array
+class _Batch(NamedTuple):
+    """The episodes being played, one per slot; `episode` is num_episodes in a slot with none."""
+    episode: jax.Array  # (width,) which episode each slot plays
+    running: jax.Array  # (width,) False once the episode has ended or reached `max_steps`
+    key: jax.Array  # (width,) the episode's own key stream
     obs: jax.Array
     env_state: Any
-    returns: jax.Array
-    lengths: jax.Array
-    finished: jax.Array
-    terminated: jax.Array
-    final_obs: jax.Array
-    fingerprint: jax.Array
-    frames: jax.Array
-    t: jax.Array
+    result: EvalResult  # the episode's numbers so far (frames None: kept for the whole evaluation)
+
+
+SHRINK = 4  # the batch moves to one SHRINK times narrower when at most 1 / SHRINK of it plays
+
+
+def batch_widths(num_episodes: int) -> tuple[int, ...]:
+    """The widths the batch shrinks through: num_episodes, a quarter of it, ..., down to 1."""
+    widths = [num_episodes]
+    while widths[-1] > 1:
+        widths.append(-(-widths[-1] // SHRINK))
+    return tuple(widths)
 
 
 def _observation_hash(obs: jax.Array) -> jax.Array:
@@ -59,8 +71,8 @@ def _observation_hash(obs: jax.Array) -> jax.Array:
     return jnp.sum(bits * weights, axis=-1, dtype=jnp.uint32)
 
 
-@functools.partial(jax.jit, static_argnames=("env", "policy_apply", "num_episodes", "max_steps",
-                                             "num_recorded", "record_steps"))
+@functools.partial(jax.jit, static_argnames=("env", "act", "num_episodes", "max_steps",
+                                             "num_recorded", "record_steps", "widths"))
 def evaluate(
     key: jax.Array,
     policy_params: Any,
@@ -68,80 +80,88 @@ def evaluate(
     *,
     env: Any,
     env_params: Any,
-    policy_apply: Callable[[Any, jax.Array], jax.Array],
+    act: Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array],
     num_episodes: int,
     max_steps: int,
     num_recorded: int = 0,
     record_steps: int | None = None,
+    widths: tuple[int, ...] | None = None,
 ) -> EvalResult:
-    """Plays `num_episodes` episodes with the policy whose logits are
-    `policy_apply(params, obs_batch)`.
+    """Plays `num_episodes` episodes with the policy `act(params, obs_batch, key, greedy)`.
 
-    `greedy` picks the arg-max action instead of sampling; it is traced, so sampled and greedy
-    evaluation share one compiled program, as do any `env_params` of one structure. The loop stops
-    once all episodes have ended or after `max_steps` steps; episodes still running then are
+    `greedy` is traced, so greedy and sampled evaluation share one compiled program, as do any
+    `env_params` of one structure. An episode still running after `max_steps` steps is stopped and
     reported with `finished=False`. Frames are kept for the first `record_steps` steps (all
-    `max_steps` if None).
+    `max_steps` if None). `widths`: the batch's widths (batch_widths(num_episodes) if None), the
+    first num_episodes; they change how fast it runs, not what it computes.
     """
     record_steps = max_steps if record_steps is None else min(record_steps, max_steps)
-    vmap_reset = jax.vmap(env.reset, in_axes=(0, None))
+    widths = batch_widths(num_episodes) if widths is None else widths
+    assert widths[0] == num_episodes, "every episode starts in the first batch"
     vmap_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
-    key, reset_key = jax.random.split(key)
-    obs, env_state = vmap_reset(jax.random.split(reset_key, num_episodes), env_params)
+    # Each episode's own stream: one key for its reset, then three a step (the next, its action's,
+    # its environment step's), whichever slot it is in. `act` sees one episode at a time.
+    episode = jnp.arange(num_episodes)
+    reset_key, stream = jnp.moveaxis(jax.vmap(lambda i: jax.random.split(
+        jax.random.fold_in(key, i)))(episode), 1, 0)
+    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(reset_key, env_params)
+    act_one = jax.vmap(lambda o, k: act(policy_params, o[None], k, greedy)[0])
 
-    def still_running(carry: _EvalCarry) -> jax.Array:
-        return jnp.logical_and(carry.t < max_steps, jnp.logical_not(jnp.all(carry.finished)))
-
-    def step(carry: _EvalCarry) -> _EvalCarry:
-        key, action_key, step_key = jax.random.split(carry.key, 3)
-        logits = policy_apply(policy_params, carry.obs)
-        action = jnp.where(
-            greedy, jnp.argmax(logits, axis=-1), jax.random.categorical(action_key, logits)
-        )
+    def step(carry: tuple[_Batch, jax.Array]) -> tuple[_Batch, jax.Array]:
+        batch, frames = carry
+        key, action_key, step_key = jnp.moveaxis(jax.vmap(
+            lambda k: jax.random.split(k, 3))(batch.key), 1, 0)
         obs, env_state, reward, terminated, truncated, info = vmap_step(
-            jax.random.split(step_key, num_episodes), carry.env_state, action, env_params
-        )
-        running = jnp.logical_not(carry.finished)
+            step_key, batch.env_state, act_one(batch.obs, action_key), env_params)
+        running, done = batch.running, batch.result
         ends = running & (terminated | truncated)
         final_obs = info["final_observation"]  # before the auto-reset
-        # Frame t + 1 of a recorded episode is what its step t led to
-        # (the pre-reset one at its end).
-        frames = jax.lax.cond(carry.t < record_steps, lambda f: jax.lax.dynamic_update_index_in_dim(
-            f, final_obs[:num_recorded][:, None], carry.t + 1, axis=1), lambda f: f, carry.frames)
-        return _EvalCarry(
-            key=key,
-            obs=obs,
-            env_state=env_state,
-            returns=carry.returns + jnp.where(running, reward, 0.0),
-            lengths=carry.lengths + running.astype(jnp.int32),
-            finished=carry.finished | terminated | truncated,
-            terminated=carry.terminated | (ends & terminated),
+        # Frame t + 1 of a recorded episode is what its step t led to (the pre-reset one at its
+        # end); the other slots' writes fall outside `frames` and are dropped.
+        recorded = running & (batch.episode < num_recorded) & (done.lengths < record_steps)
+        frames = frames.at[jnp.where(recorded, batch.episode, num_recorded),
+                           done.lengths + 1].set(final_obs, mode="drop")
+        lengths = done.lengths + running
+        result = EvalResult(
+            returns=done.returns + jnp.where(running, reward, 0.0),
+            lengths=lengths,
+            finished=done.finished | ends,
+            terminated=done.terminated | (ends & terminated),
             final_obs=jnp.where(ends.reshape(-1, *[1] * (obs.ndim - 1)), final_obs,
-                                carry.final_obs),
-            fingerprint=jnp.where(running, carry.fingerprint * jnp.uint32(16777619)
-                                  ^ _observation_hash(final_obs), carry.fingerprint),
-            frames=frames,
-            t=carry.t + 1,
+                                done.final_obs),
+            fingerprint=jnp.where(running, done.fingerprint * jnp.uint32(16777619)
+                                  ^ _observation_hash(final_obs), done.fingerprint),
+            frames=None,
         )
+        running = running & ~ends & (lengths < max_steps)
+        return _Batch(batch.episode, running, key, obs, env_state, result), frames
 
-    init = _EvalCarry(
-        key=key,
-        obs=obs,
-        env_state=env_state,
-        returns=jnp.zeros(num_episodes, jnp.float32),
-        lengths=jnp.zeros(num_episodes, jnp.int32),
-        finished=jnp.zeros(num_episodes, bool),
-        terminated=jnp.zeros(num_episodes, bool),
-        final_obs=jnp.zeros_like(obs),
-        fingerprint=_observation_hash(obs),
-        frames=jnp.zeros((num_recorded, record_steps + 1, *obs.shape[1:]), obs.dtype).at[:, 0].set(
-            obs[:num_recorded]),
-        t=jnp.zeros((), jnp.int32),
-    )
-    final = jax.lax.while_loop(still_running, step, init)
-    return EvalResult(returns=final.returns, lengths=final.lengths, finished=final.finished,
-                      terminated=final.terminated, final_obs=final.final_obs,
-                      fingerprint=final.fingerprint, frames=final.frames)
+    def write(results: EvalResult, batch: _Batch) -> EvalResult:
+        """`results` with the numbers of the episodes that `batch` has played to their end."""
+        index = jnp.where(batch.running, num_episodes, batch.episode)  # out of range: dropped
+        return jax.tree.map(lambda r, b: r.at[index].set(b, mode="drop"), results, batch.result)
+
+    batch = _Batch(episode=episode, running=jnp.ones(num_episodes, bool), key=stream, obs=obs,
+                   env_state=env_state, result=EvalResult(
+                       returns=jnp.zeros(num_episodes, jnp.float32),
+                       lengths=jnp.zeros(num_episodes, jnp.int32),
+                       finished=jnp.zeros(num_episodes, bool),
+                       terminated=jnp.zeros(num_episodes, bool),
+                       final_obs=jnp.zeros_like(obs),
+                       fingerprint=_observation_hash(obs),
+                       frames=None))
+    results = batch.result
+    frames = jnp.zeros((num_recorded, record_steps + 1, *obs.shape[1:]), obs.dtype).at[:, 0].set(
+        obs[:num_recorded])
+    for next_width in (*widths[1:], 0):
+        batch, frames = jax.lax.while_loop(lambda c, n=next_width: c[0].running.sum() > n, step,
+                                           (batch, frames))
+        results = write(results, batch)
+        # The episodes still running move, in order, to the front of a narrower batch.
+        keep = jnp.argsort(~batch.running, stable=True)[:next_width]
+        batch = jax.tree.map(lambda x: x[keep], batch._replace(
+            episode=jnp.where(batch.running, batch.episode, num_episodes)))
+    return results._replace(frames=frames)
 
 
 # The two evaluation protocols. gymnax's: no sticky actions and gymnax's time limit (1000 steps,
@@ -166,9 +186,9 @@ def protocol_params(env_id: str, env_params: Any, protocol: str) -> Any:
 
 
 # The final evaluations: gymnax's protocol (key "") and MinAtar's ("sticky_0.1"), each with sampled
-# actions (drawn from the policy's logits: PPO's policy, PQN's epsilon-greedy) and greedy ones,
+# actions (the policy `act` samples from: PPO's policy, PQN's epsilon-greedy) and greedy ones,
 # whatever the training used. They are played in pairs of indices into EVALUATIONS, one pair per
-# policy, the sampled pair first: play.gif needs only that one.
+# policy; play.gif shows the script's headline pair.
 EVALUATIONS = [("", "sampled"), ("", "greedy"), ("sticky_0.1", "sampled"), ("sticky_0.1", "greedy")]
 EVALUATION_PAIRS = {"sampled": (0, 2), "greedy": (1, 3)}
 PROTOCOL_OF = {"": "gymnax", "sticky_0.1": "minatar"}
@@ -181,7 +201,7 @@ def return_tag(protocol: str, mode: str) -> str:
     return f"eval/{protocol}/{mode}_return" if protocol else f"eval/{mode}_return"
 
 
-def make_evaluate_pair(env: Any, env_id: str, env_params: Any, policy_apply: Callable,
+def make_evaluate_pair(env: Any, env_id: str, env_params: Any, act: Callable,
                        num_episodes: int, num_devices: int) -> tuple[Callable, Mesh]:
     """A program that plays the `pair`-th of EVALUATION_PAIRS, split over up to two devices, each
     evaluation with the same key, so each gives the numbers it gives alone. Compiled once and called
@@ -203,7 +223,7 @@ def make_evaluate_pair(env: Any, env_id: str, env_params: Any, policy_apply: Cal
                 sticky_action_prob=config[1],
                 env_params=env_params.env_params.replace(max_steps_in_episode=config[2]))
             return evaluate(key, params, config[0], env=env, env_params=params_one,
-                            policy_apply=policy_apply, num_episodes=num_episodes,
+                            act=act, num_episodes=num_episodes,
                             max_steps=int(limits.max()) + 1, num_recorded=min(8, num_episodes),
                             record_steps=RECORD_STEPS)
         return jax.lax.map(one, (greedy, sticky, limit))
@@ -219,12 +239,12 @@ def make_evaluate_pair(env: Any, env_id: str, env_params: Any, policy_apply: Cal
     return jax.jit(evaluate_pair), mesh
 
 
-def compile_final_evaluation(env: Any, env_id: str, env_params: Any, policy_apply: Callable,
+def compile_final_evaluation(env: Any, env_id: str, env_params: Any, act: Callable,
                              num_episodes: int, num_devices: int, key: jax.Array,
                              params: Any) -> Callable:
     """`make_evaluate_pair` compiled ahead of time for `params`' shapes: play(params, policy) starts
     the pair of EVALUATION_PAIRS[policy] ("sampled" or "greedy") with `key` and returns at once."""
-    evaluate_pair, mesh = make_evaluate_pair(env, env_id, env_params, policy_apply, num_episodes,
+    evaluate_pair, mesh = make_evaluate_pair(env, env_id, env_params, act, num_episodes,
                                              num_devices)
     replicated = NamedSharding(mesh, P())
     compiled = evaluate_pair.lower(key, jax.device_put(params, replicated), 0).compile()

@@ -132,15 +132,16 @@ def play_gif(episodes: list[np.ndarray], titles: list[str], channel_names: list[
     return buffer.getvalue()
 
 
-def play_gif_of(sampled, sticky, env_id: str) -> bytes | None:
-    """play_gif of two recorded episodes of `sampled` (in Breakout, ones whose ball starts on either
-    side) and one of `sticky`; None where observations are not grids. An episode longer than its
-    recording is shown for the recorded steps."""
-    if sampled.frames.ndim != 5:
+def play_gif_of(plain, sticky, env_id: str) -> bytes | None:
+    """play_gif of two recorded episodes of `plain` (in Breakout, ones whose ball starts on either
+    side) and one of `sticky`, one policy's evaluations without and with sticky actions; None where
+    observations are not grids. An episode longer than its recording is shown for the recorded
+    steps."""
+    if plain.frames.ndim != 5:
         return None
-    first = sampled.frames[:, 0]
+    first = plain.frames[:, 0]
     other = next((i for i in range(1, len(first)) if not np.array_equal(first[i], first[0])), 1)
-    played = [(sampled, 0), (sampled, other), (sticky, 0)]
+    played = [(plain, 0), (plain, other), (sticky, 0)]
     episodes = [result.frames[i, :result.lengths[i] + 1] for result, i in played]
     ends = [f"over at {result.lengths[i]}" if result.lengths[i] < result.frames.shape[1]
             else f"{len(episode) - 1} of {result.lengths[i]}" for (result, i), episode
@@ -269,25 +270,33 @@ def figure_to_png(fig: plt.Figure) -> bytes:
     return buffer.getvalue()
 
 
+def headline_first(headline: str) -> list[str]:
+    """The policies of EVALUATION_PAIRS, `headline` ("sampled" or "greedy") first."""
+    if headline not in EVALUATION_PAIRS:
+        raise ValueError(f"the headline policy {headline!r} is none of {list(EVALUATION_PAIRS)}")
+    return [headline, *(policy for policy in EVALUATION_PAIRS if policy != headline)]
+
+
 def report_evaluations(results: dict, writer, run_dir: str, step: int, title: str,
-                       env_id: str) -> dict:
+                       env_id: str, headline: str = "sampled") -> dict:
     """Prints, logs and draws (play.gif, behaviour.png) the final evaluations, `results` holding
     each of EVALUATION_PAIRS' results stacked, by policy; returns summary.json's `eval`: the results
-    of protocol "" at its top level, the others under their protocol. It empties `results`."""
+    of protocol "" at its top level, the others under their protocol. play.gif shows the `headline`
+    policy (the script's HEADLINE_POLICY). It empties `results`."""
     breakout = env_id == "Breakout-MinAtar"  # Breakout's behaviour has panels of its own
     fetched = {}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        # The GIF is encoded in a thread (Pillow's encoder releases the GIL) once the sampled pair
+        # The GIF is encoded in a thread (Pillow's encoder releases the GIL) once the headline pair
         # is here, while the other pair plays and matplotlib draws.
-        for policy, pair in EVALUATION_PAIRS.items():
-            # A pair's device arrays go once its host copy is made, and only the sampled pair's
+        for policy in headline_first(headline):
+            # A pair's device arrays go once its host copy is made, and only the headline pair's
             # recorded frames come over, for play.gif.
-            pair_results = results.pop(policy)
-            if policy != "sampled":
+            pair, pair_results = EVALUATION_PAIRS[policy], results.pop(policy)
+            if policy != headline:
                 pair_results = pair_results._replace(frames=None)
             pair_results = jax.device_get(pair_results)
             fetched |= {i: jax.tree.map(lambda x: x[k], pair_results) for k, i in enumerate(pair)}
-            if policy == "sampled":  # without and with sticky actions
+            if policy == headline:  # without and with sticky actions
                 gif = pool.submit(play_gif_of, *(fetched[i] for i in pair), env_id)
         by_protocol, labelled = {}, {}
         for i, (protocol, mode) in enumerate(EVALUATIONS):
@@ -318,15 +327,18 @@ def report_evaluations(results: dict, writer, run_dir: str, step: int, title: st
 
 
 def evaluate_and_draw(play, params, history, log, run_dir: str, step: int, title: str,
-                      env_id: str) -> dict:
+                      env_id: str, headline: str = "sampled") -> dict:
     """Plays the final evaluations (`play(params, policy)`, from
     evaluation.compile_final_evaluation) and draws them and the learning curve; summary.json's
-    `eval`. The devices play the sampled pair while the host draws the learning curve (a call waits
-    for a device that is still busy, so the greedy pair is queued after the drawing)."""
-    results = {"sampled": play(params, "sampled")}
+    `eval`. play.gif shows the `headline` policy (the script's HEADLINE_POLICY), whose pair the
+    devices play first, while the host draws the learning curve (a call waits for a device that is
+    still busy, so the other pair is queued after the drawing)."""
+    first, second = headline_first(headline)
+    results = {first: play(params, first)}
     if history.steps:
         figure = learning_curve_figure(*history, title)
         logger.write_picture(log, run_dir, "learning_curve.png", "charts/learning_curve",
                              figure_to_png(figure), step)
-    results["greedy"] = play(params, "greedy")
-    return report_evaluations(results, log, run_dir, step, f"{title}, step {step:,}", env_id)
+    results[second] = play(params, second)
+    return report_evaluations(results, log, run_dir, step, f"{title}, step {step:,}", env_id,
+                              headline)
