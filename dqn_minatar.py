@@ -1,0 +1,562 @@
+"""DQN with a replay buffer (Mnih et al., Nature 2015), Double DQN targets (van Hasselt et al., AAAI
+2016) and n-step returns, for Gymnax's MinAtar games (Breakout by default), in JAX with Haiku,
+RLax, Optax and Flashbax; its defaults aim at sample efficiency within 1M steps.
+
+Vectorised environments act epsilon-greedily and write every transition to a replay buffer in the
+training state; gradient steps on uniformly sampled n-step windows are interleaved with the
+environment steps at a set replay ratio (gradient steps per environment step), and a target
+network is copied from the online one every `target_update_period` environment steps. One jitted
+`update_step` is a whole iteration: `num_steps` steps of every environment, cut into chunks of a
+`lax.scan` rollout, its transitions added to the buffer, then the chunk's gradient steps.
+
+Read it top to bottom: arguments, network, rollout, buffer, n-step Double DQN targets, loss,
+update, target network, metrics and the argument checks, then `make_agent`, what the shared run
+loop in utils/training.py trains. What every script shares (the environment wrapper, checkpoints,
+logging, model files, evaluation, pictures) is in utils/.
+
+Run:  python dqn_minatar.py --total-timesteps 1000000
+Docs: docs/dqn_minatar.md
+"""
+
+import dataclasses
+import functools
+import math
+import sys
+from typing import Any, Literal, NamedTuple
+
+if __name__ == "__main__":  # before JAX starts: its CPU devices, and a faster start-up
+    from utils import startup
+
+    startup.before_imports()
+
+import distrax
+import flashbax as fbx
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import rlax
+from flashbax.buffers.trajectory_buffer import TrajectoryBufferState
+from jax.sharding import PartitionSpec as P
+
+from utils import cli, contract, layers, startup, training
+from utils.env import check_grid, default_conv_channels, make_env
+
+
+@dataclasses.dataclass
+class Args(contract.RunArgs):
+    learning_rate: float = 2.5e-4
+    """the learning rate of the Adam optimizer (Dopamine's MinAtar DQN)"""
+    adam_eps: float = 3.125e-4
+    """Adam's epsilon (Dopamine's MinAtar DQN: 0.01 / batch_size)"""
+    num_envs: int = 32
+    """the number of parallel environments"""
+    num_steps: int = 128
+    """the number of steps run in each environment per iteration (one update step), among which
+    the iteration's gradient steps are spread evenly"""
+    buffer_size: int = 100_000
+    """the replay buffer's capacity in transitions, over all environments (MinAtar's and Dopamine's
+    DQN)"""
+    batch_size: int = 32
+    """the number of n-step windows each gradient step samples from the buffer"""
+    replay_ratio: float = 0.25
+    """gradient steps per environment step (0.25 at batch 32 = each transition sampled 8 times on
+    average: Dopamine's MinAtar setting)"""
+    n_step: int = 3
+    """the number of rewards in each target before it bootstraps, fewer where the episode ends
+    (Dopamine's and Revisiting Rainbow's MinAtar Rainbow)"""
+    gamma: float = 0.99
+    """the discount factor"""
+    learning_starts: int = 5_000
+    """environment steps of uniformly random actions that fill the buffer before learning starts
+    (MinAtar's DQN; Dopamine's: 1,000)"""
+    target_update_period: int = 1_000
+    """environment steps between updates of the target network (Dopamine's MinAtar DQN)"""
+    tau: float = 1.0
+    """the target network's update, target <- tau * online + (1 - tau) * target (1: a copy, as
+    CleanRL's DQN)"""
+    epsilon_end: float = 0.01
+    """the exploration probability epsilon once it has decayed from 1 (Dopamine's)"""
+    epsilon_decay_steps: int = 250_000
+    """environment steps after learning_starts over which epsilon decays linearly to epsilon_end
+    (Dopamine's)"""
+    loss: Literal["huber", "l2"] = "huber"
+    """the loss of the TD error: Huber with delta 1 (MinAtar's DQN) or half its square"""
+    hidden_sizes: tuple[int, ...] = (128,)
+    """the widths of the Q-network's hidden layers (MinAtar's DQN: one of 128)"""
+    layer_norm: bool = False
+    """normalize each hidden layer's pre-activations (LayerNorm)"""
+    conv_channels: int = 16
+    """channels of a 3x3 convolution over the grid before the hidden layers (0: none)"""
+    eval_epsilon: float = 0.05
+    """epsilon of the "sampled" final evaluation; the "greedy" one takes argmax Q. 0.05 is the
+    evaluation epsilon of Nature's DQN and CleanRL's DQN"""
+
+    # filled at runtime
+    gradient_steps_per_iteration: int = dataclasses.field(init=False, default=0)
+    """replay_ratio * steps_per_iteration"""
+
+
+# --------------------------------------------------------------------------------------------------
+# Network
+# --------------------------------------------------------------------------------------------------
+def q_network(obs: jax.Array, num_actions: int, hidden_sizes: tuple[int, ...], layer_norm: bool,
+              conv_channels: int = 0) -> jax.Array:
+    """Q-values, (batch, num_actions): a convolution over the grid (if conv_channels), then
+    Linear -> (LayerNorm) -> ReLU per hidden layer, then a linear head with one output per action:
+    pqn_minatar.py's network family."""
+    x = obs.astype(jnp.float32)  # the buffer keeps MinAtar's 0/1 grids as uint8
+    if conv_channels:
+        x = layers.conv_relu_pool(x, conv_channels)  # = hk.Conv2D -> ReLU -> hk.avg_pool(2x2)
+    x = x.reshape(obs.shape[0], -1)
+    for i, width in enumerate(hidden_sizes):
+        x = hk.Linear(width, w_init=hk.initializers.VarianceScaling(2.0), name=f"torso_{i}")(x)
+        if layer_norm:
+            x = hk.LayerNorm(axis=-1, create_scale=True, create_offset=True,
+                             name=f"torso_norm_{i}")(x)
+        x = jax.nn.relu(x)
+    return hk.Linear(num_actions, w_init=hk.initializers.VarianceScaling(1.0), name="q")(x)
+
+
+def make_network(num_actions: int, hidden_sizes: tuple[int, ...], layer_norm: bool,
+                 conv_channels: int = 0) -> hk.Transformed:
+    """q_network as a pure (init, apply) pair; it draws no random numbers when applied."""
+    return hk.without_apply_rng(hk.transform(functools.partial(
+        q_network, num_actions=num_actions, hidden_sizes=hidden_sizes, layer_norm=layer_norm,
+        conv_channels=conv_channels)))
+
+
+# --------------------------------------------------------------------------------------------------
+# Containers for the state that flows through jit and scan
+# --------------------------------------------------------------------------------------------------
+class TrainState(NamedTuple):
+    params: hk.Params  # the online network, which the gradient steps change
+    target_params: hk.Params  # the target network, which the targets bootstrap from
+    opt_state: optax.OptState
+
+
+class Transition(NamedTuple):
+    """One environment's step, as the replay buffer stores it. next_obs is stored, not read off
+    the next step: after an auto-reset that is the next episode's first observation, and a
+    truncated step bootstraps from the last one of its own (flashbax issue #3)."""
+    obs: jax.Array  # o_t (uint8 for MinAtar's 0/1 grids)
+    action: jax.Array  # a_t
+    reward: jax.Array  # r_{t+1}
+    terminated: jax.Array  # the episode ended for good: no future value
+    truncated: jax.Array  # the time limit cut the episode: the future is worth Q(next_obs)
+    next_obs: jax.Array  # o_{t+1}: where the episode ended, the observation before the reset
+
+
+class RunnerState(NamedTuple):
+    train_state: TrainState
+    buffer_state: Any  # flashbax's TrajectoryBufferState: Transitions, (num_envs, time, ...)
+    env_state: Any  # batched environment state, one entry per environment
+    obs: jax.Array  # (num_envs, *obs_shape) current observation of each environment
+    episode_return: jax.Array  # (num_envs,) return of each environment's episode so far
+    episode_length: jax.Array  # (num_envs,) length of each environment's episode so far
+    env_steps: jax.Array  # environment steps so far, over all environments: the run's clock
+    key: jax.Array
+
+
+class EpisodeEnds(NamedTuple):
+    """What a step tells the metrics about the episodes that ended on it (0 where none did)."""
+    done: jax.Array
+    episode_return: jax.Array
+    episode_length: jax.Array
+
+
+class Batch(NamedTuple):
+    """n-step windows reduced to what the Double DQN target needs."""
+    obs: jax.Array  # o_t, where the window starts
+    action: jax.Array  # a_t
+    reward: jax.Array  # the discounted rewards of the window's k steps in the episode
+    discount: jax.Array  # gamma^k, or 0 where the episode terminated within the window
+    next_obs: jax.Array  # o_{t+k}, which the target bootstraps from
+
+
+class Chunk(NamedTuple):
+    """What a chunk of an iteration (a rollout, then gradient steps) tells the metrics."""
+    ended: EpisodeEnds  # (steps_per_chunk, num_envs)
+    epsilon: jax.Array  # (steps_per_chunk,) the epsilon each step acted with
+    learned: jax.Array  # whether the gradient steps ran (not during the warm-up)
+    infos: dict[str, jax.Array]  # each gradient step's loss terms, (updates_per_chunk,)
+
+
+# --------------------------------------------------------------------------------------------------
+# Rollout and replay buffer
+# --------------------------------------------------------------------------------------------------
+def epsilon_schedule(args: Args) -> optax.Schedule:
+    """Epsilon at each environment step: 1 (uniformly random actions) for the first
+    learning_starts steps, then linear to epsilon_end over epsilon_decay_steps, then constant
+    (Dopamine's `linearly_decaying_epsilon`)."""
+    return optax.linear_schedule(1.0, args.epsilon_end, args.epsilon_decay_steps,
+                                 transition_begin=args.learning_starts)
+
+
+def collect_transitions(runner: RunnerState, env, env_params, network: hk.Transformed,
+                        num_steps: int, epsilon_at: optax.Schedule
+                        ) -> tuple[RunnerState, tuple[Transition, EpisodeEnds, jax.Array]]:
+    """Steps all environments `num_steps` times, epsilon-greedy in the online Q-values (a
+    `lax.scan` over time); each step's transitions (observations in the buffer's dtype), episode
+    ends and epsilon."""
+    vmap_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+    num_envs = runner.obs.shape[0]
+    obs_dtype = runner.buffer_state.experience.obs.dtype
+
+    def env_step(runner: RunnerState, _):
+        key, action_key, step_key = jax.random.split(runner.key, 3)
+        epsilon = epsilon_at(runner.env_steps)
+        q_values = network.apply(runner.train_state.params, runner.obs)
+        action = distrax.EpsilonGreedy(q_values, epsilon).sample(seed=action_key)
+        obs, env_state, reward, terminated, truncated, info = vmap_step(
+            jax.random.split(step_key, num_envs), runner.env_state, action, env_params)
+        # After an auto-reset `obs` is the next episode's first observation; a truncated step
+        # bootstraps from the one its own episode reached, which gymnax keeps in the info.
+        transition = Transition(
+            obs=runner.obs.astype(obs_dtype), action=action, reward=reward.astype(jnp.float32),
+            terminated=terminated, truncated=truncated,
+            next_obs=info["final_observation"].astype(obs_dtype))
+        done = terminated | truncated
+        episode_return = runner.episode_return + reward
+        episode_length = runner.episode_length + 1
+        ended = EpisodeEnds(done, jnp.where(done, episode_return, 0.0),
+                            jnp.where(done, episode_length, 0))
+        runner = runner._replace(env_state=env_state, obs=obs, key=key,
+                                 episode_return=jnp.where(done, 0.0, episode_return),
+                                 episode_length=jnp.where(done, 0, episode_length),
+                                 env_steps=runner.env_steps + num_envs)
+        return runner, (transition, ended, epsilon)
+
+    return jax.lax.scan(env_step, runner, None, length=num_steps)
+
+
+def make_buffer(args: Args):
+    """Flashbax's trajectory buffer: one row of consecutive steps per environment, (num_envs,
+    buffer_size // num_envs), sampled as windows of n_step consecutive steps of one row, started
+    uniformly among those that lie wholly between the oldest step kept and the write head
+    (flashbax >= 0.1.3, PR #50). The windows thus never mix environments nor cross the
+    wrap-around; episode ends inside a window are n_step_batch's to cut."""
+    return fbx.make_trajectory_buffer(
+        add_batch_size=args.num_envs, sample_batch_size=args.batch_size,
+        sample_sequence_length=args.n_step, period=1, min_length_time_axis=args.n_step,
+        max_length_time_axis=args.buffer_size // args.num_envs)
+
+
+# --------------------------------------------------------------------------------------------------
+# n-step Double DQN targets, loss, update
+# --------------------------------------------------------------------------------------------------
+def n_step_batch(window: Transition, gamma: float) -> Batch:
+    """One window of n consecutive steps, (n, ...), as one n-step sample: the return of its first
+    k steps, k being n or fewer where an episode ends inside (the window is cut after the first
+    terminated or truncated step), discounted gamma^j, and the bootstrap from o_{t+k} with
+    gamma^k, or none where the episode terminated. Dopamine's `cumulative_gamma`, done per window.
+    """
+    # Written out: rlax's n-step returns run over a whole sequence and mark no truncation.
+    n = window.reward.shape[0]
+    done = window.terminated | window.truncated
+    # in_episode[j]: no episode ended before step j, so step j is in the episode of step 0.
+    ended_before = jnp.concatenate([jnp.zeros(1, bool), done[:-1]])
+    in_episode = jnp.cumprod(~ended_before)
+    k = in_episode.sum()
+    last = k - 1
+    rewards = jnp.sum(in_episode * gamma ** jnp.arange(n) * window.reward)
+    discount = jnp.where(window.terminated[last], 0.0, gamma ** k)
+    return Batch(obs=window.obs[0], action=window.action[0], reward=rewards, discount=discount,
+                 next_obs=window.next_obs[last])
+
+
+def td_loss(params: hk.Params, target_params: hk.Params, network: hk.Transformed, mb: Batch,
+            loss: str) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The mean loss of the Double DQN TD errors: the online network picks the best next action,
+    the target network values it (rlax stops the target's gradient); and the mean Q-value of the
+    actions taken, for the metrics."""
+    q_tm1 = network.apply(params, mb.obs)
+    q_t_selector = network.apply(params, mb.next_obs)
+    q_t_value = network.apply(target_params, mb.next_obs)
+    td_error = jax.vmap(rlax.double_q_learning)(q_tm1, mb.action, mb.reward, mb.discount,
+                                                q_t_value, q_t_selector)
+    losses = rlax.huber_loss(td_error, 1.0) if loss == "huber" else rlax.l2_loss(td_error)
+    q_taken = jnp.take_along_axis(q_tm1, mb.action[:, None], axis=-1)[:, 0]
+    return losses.mean(), {"td_loss": losses.mean(), "q_values": q_taken.mean()}
+
+
+def make_optimizer(args: Args) -> optax.GradientTransformation:
+    return optax.adam(args.learning_rate, eps=args.adam_eps)
+
+
+def gradient_step(train_state: TrainState, key: jax.Array, buffer_state, buffer,
+                  network: hk.Transformed, optimizer: optax.GradientTransformation, gamma: float,
+                  loss: str) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One gradient step on a batch of windows sampled uniformly from the buffer."""
+    windows = buffer.sample(buffer_state, key).experience  # Transitions, (batch_size, n, ...)
+    mb = jax.vmap(n_step_batch, in_axes=(0, None))(windows, gamma)
+    grads, info = jax.grad(td_loss, has_aux=True)(train_state.params, train_state.target_params,
+                                                  network, mb, loss)
+    updates, opt_state = optimizer.update(grads, train_state.opt_state, train_state.params)
+    params = optax.apply_updates(train_state.params, updates)
+    return train_state._replace(params=params, opt_state=opt_state), info
+
+
+def update_target(train_state: TrainState, steps_before: jax.Array, steps: jax.Array,
+                  period: int, tau: float) -> TrainState:
+    """Moves the target network to the online one (a copy at tau 1) when the clock has crossed a
+    multiple of `period` since `steps_before`. The clock advances num_envs at a time, so it may
+    never land on a multiple: `steps % period == 0` would fire only at multiples of
+    lcm(period, num_envs * steps per chunk)."""
+    crossed = steps // period > steps_before // period
+    target_params = jax.lax.cond(
+        crossed, lambda: optax.incremental_update(train_state.params, train_state.target_params,
+                                                  tau),
+        lambda: train_state.target_params)
+    return train_state._replace(target_params=target_params)
+
+
+def interleaving(args: Args) -> tuple[int, int, int]:
+    """How an iteration interleaves environment and gradient steps, as evenly as whole numbers
+    allow: (chunks, steps of every environment per chunk, gradient steps per chunk)."""
+    gradient_steps = round(args.replay_ratio * args.num_envs * args.num_steps)
+    num_chunks = math.gcd(args.num_steps, gradient_steps)
+    return num_chunks, args.num_steps // num_chunks, gradient_steps // num_chunks
+
+
+def make_dqn_iteration(args: Args, env, env_params, network: hk.Transformed,
+                       optimizer: optax.GradientTransformation, buffer):
+    """The function that runs one DQN iteration on a RunnerState: a `lax.scan` over chunks, each a
+    rollout whose transitions go to the buffer, then (once learning has started) its gradient
+    steps, then the target network's update if its time came. It returns the new RunnerState and
+    the chunks' Chunk."""
+    num_chunks, steps_per_chunk, updates_per_chunk = interleaving(args)
+    epsilon_at = epsilon_schedule(args)
+    step = functools.partial(gradient_step, buffer=buffer, network=network, optimizer=optimizer,
+                             gamma=args.gamma, loss=args.loss)
+
+    def chunk(runner: RunnerState, _) -> tuple[RunnerState, Chunk]:
+        steps_before = runner.env_steps
+        runner, (transitions, ended, epsilon) = collect_transitions(
+            runner, env, env_params, network, steps_per_chunk, epsilon_at)
+        # The buffer's rows are the environments: (time, envs, ...) -> (envs, time, ...).
+        transitions = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), transitions)
+        buffer_state = buffer.add(runner.buffer_state, transitions)
+        key, learn_key = jax.random.split(runner.key)
+        learn_keys = jax.random.split(learn_key, updates_per_chunk)
+
+        def learn():
+            return jax.lax.scan(functools.partial(step, buffer_state=buffer_state),
+                                runner.train_state, learn_keys)
+
+        def wait():  # the warm-up: no sample is drawn before learning_starts
+            no_infos = {"td_loss": jnp.zeros(updates_per_chunk),
+                        "q_values": jnp.zeros(updates_per_chunk)}
+            return runner.train_state, no_infos
+
+        learned = (runner.env_steps >= args.learning_starts) & buffer.can_sample(buffer_state)
+        train_state, infos = jax.lax.cond(learned, learn, wait)
+        train_state = update_target(train_state, steps_before, runner.env_steps,
+                                    args.target_update_period, args.tau)
+        runner = runner._replace(train_state=train_state, buffer_state=buffer_state, key=key)
+        return runner, Chunk(ended, epsilon, learned, infos)
+
+    def dqn_iteration(runner: RunnerState) -> tuple[RunnerState, Chunk]:
+        return jax.lax.scan(chunk, runner, None, length=num_chunks)
+
+    return dqn_iteration
+
+
+def init_runner(key: jax.Array, env, env_params, network: hk.Transformed,
+                optimizer: optax.GradientTransformation, buffer, num_envs: int,
+                uint8_obs: bool) -> RunnerState:
+    """The state before the first iteration: environments reset, network and optimizer
+    initialised, the target network a copy of the online one, the buffer empty (its observations
+    uint8 where `uint8_obs`), counters at 0."""
+    key, init_key, reset_key = jax.random.split(key, 3)
+    reset_keys = jax.random.split(reset_key, num_envs)
+    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(reset_keys, env_params)
+    params = network.init(init_key, obs)
+    obs_dtype = jnp.uint8 if uint8_obs else obs.dtype
+    one_step = Transition(obs=obs[0].astype(obs_dtype), action=jnp.zeros((), jnp.int32),
+                          reward=jnp.zeros(()), terminated=jnp.zeros((), bool),
+                          truncated=jnp.zeros((), bool), next_obs=obs[0].astype(obs_dtype))
+    return RunnerState(train_state=TrainState(params, params, optimizer.init(params)),
+                       buffer_state=buffer.init(one_step), env_state=env_state, obs=obs,
+                       episode_return=jnp.zeros(num_envs),
+                       episode_length=jnp.zeros(num_envs, jnp.int32),
+                       env_steps=jnp.zeros((), jnp.int32), key=key)
+
+
+def make_update_step(args: Args, env, env_params, network: hk.Transformed,
+                     optimizer: optax.GradientTransformation, buffer):
+    """One DQN iteration and its metrics on one device, for the caller to jit."""
+    dqn_iteration = make_dqn_iteration(args, env, env_params, network, optimizer, buffer)
+
+    def update_step(runner: RunnerState) -> tuple[RunnerState, dict[str, jax.Array]]:
+        runner, chunks = dqn_iteration(runner)
+        return runner, iteration_metrics(chunks, runner.train_state)
+
+    return update_step
+
+
+# --------------------------------------------------------------------------------------------------
+# Metrics: what an iteration logs, from its chunks
+# --------------------------------------------------------------------------------------------------
+def all_finite(params: hk.Params, losses: dict[str, jax.Array]) -> jax.Array:
+    """One flag for the training loop's check that training is still finite: every parameter and
+    loss term."""
+    leaves = jax.tree.leaves(params) + list(losses.values())
+    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in leaves]))
+
+
+def iteration_metrics(chunks: Chunk, train_state: TrainState) -> dict[str, jax.Array]:
+    """Everything an iteration logs: the episodes that ended, the loss terms' means over the
+    gradient steps that ran (0 during the warm-up), the last epsilon and the finite flag."""
+    ran = jnp.broadcast_to(chunks.learned[:, None], chunks.infos["td_loss"].shape)
+    losses = {name: jnp.sum(jnp.where(ran, value, 0.0)) / jnp.maximum(ran.sum(), 1)
+              for name, value in chunks.infos.items()}
+    metrics = losses | {"episodes": chunks.ended.done.sum(),
+                        "episode_return_sum": chunks.ended.episode_return.sum(),
+                        "episode_length_sum": chunks.ended.episode_length.sum(),
+                        "gradient_steps": ran.sum(), "epsilon": chunks.epsilon[-1, -1]}
+    metrics["finite"] = all_finite(train_state.params, losses)
+    return metrics
+
+
+def iteration_scalars(metrics: dict) -> dict[str, float]:
+    """The iteration's TensorBoard scalars, besides charts/SPS and the episodes' (utils/training.py
+    logs those for every script)."""
+    return {"losses/td_loss": metrics["td_loss"], "losses/q_values": metrics["q_values"],
+            "charts/epsilon": metrics["epsilon"]}
+
+
+def first_non_finite(metrics: dict) -> str:
+    """What the training loop names when training stops being finite: a loss term, else the
+    parameters."""
+    bad = [f"losses/{name}" for name in ("td_loss", "q_values") if not np.isfinite(metrics[name])]
+    return (bad + ["the parameters"])[0]
+
+
+# --------------------------------------------------------------------------------------------------
+# Arguments and what the script hands to the shared machinery (utils/contract.py)
+# --------------------------------------------------------------------------------------------------
+HEADLINE_POLICY = "greedy"
+# The arguments that rebuild the network, in a model file's header.
+NETWORK_ARGS = ("env_id", "hidden_sizes", "conv_channels", "layer_norm")
+# The state's layout on a mesh: the environments' rows (their states and buffer rows) split, all
+# else replicated. One device runs this script (no data-parallel version): the layout is that of
+# a one-device mesh, kept for one.
+RUNNER_SPECS = RunnerState(
+    train_state=TrainState(P(), P(), P()),
+    buffer_state=TrajectoryBufferState(experience=P("envs"), current_index=P(), is_full=P()),
+    env_state=P("envs"), obs=P("envs"), episode_return=P("envs"), episode_length=P("envs"),
+    env_steps=P(), key=P())
+
+
+def fill_defaults(args: Args, given: set[str]) -> None:
+    """An environment whose observations are not a grid gets no convolution unless one is
+    given."""
+    if "conv_channels" not in given:
+        args.conv_channels = default_conv_channels(args.env_id, args.conv_channels)
+
+
+def check_args(args: Args) -> str | None:
+    """What is wrong with the script's own arguments, or None (utils/cli.py checks the shared
+    ones); runs before anything is compiled or written."""
+    error = cli.check_numbers(
+        args, positive=("num_envs", "num_steps", "buffer_size", "batch_size", "n_step",
+                        "target_update_period", "epsilon_decay_steps"),
+        positive_finite=("learning_rate", "adam_eps", "replay_ratio"),
+        non_negative_finite=("learning_starts",),
+        unit_interval=("gamma", "epsilon_end", "eval_epsilon"))
+    if error:
+        return error
+    if not 0 < args.tau <= 1:
+        return f"--tau must be in (0, 1], got {args.tau}"
+    if args.total_timesteps >= 2**31:  # the clock, env_steps, is an int32
+        return f"--total-timesteps must be less than 2**31, got {args.total_timesteps}"
+    if args.num_devices > 1:
+        return f"--num-devices {args.num_devices}: this script runs on one device"
+    steps_per_iteration = args.num_envs * args.num_steps
+    gradient_steps = args.replay_ratio * steps_per_iteration
+    if gradient_steps < 1 or abs(gradient_steps - round(gradient_steps)) > 1e-6:
+        return (f"--replay-ratio {args.replay_ratio} x the iteration's {steps_per_iteration} "
+                f"steps (num_envs x num_steps) must be a whole number of gradient steps")
+    if args.buffer_size % args.num_envs:
+        return f"--buffer-size {args.buffer_size} must be a multiple of --num-envs {args.num_envs}"
+    if args.buffer_size // args.num_envs < max(args.n_step, interleaving(args)[1]):
+        return (f"--buffer-size {args.buffer_size} must hold at least --n-step {args.n_step} and "
+                f"one chunk's steps of each of the --num-envs {args.num_envs} environments")
+    if args.learning_starts < args.num_envs * args.n_step:
+        return (f"--learning-starts must be at least num_envs x n_step = "
+                f"{args.num_envs * args.n_step}, so that every row of the buffer holds a window")
+    if args.total_timesteps < steps_per_iteration:
+        return (f"--total-timesteps {args.total_timesteps} is less than one iteration "
+                f"(num_envs * num_steps = {steps_per_iteration})")
+    if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
+        return f"--hidden-sizes must be one or more positive widths, got {args.hidden_sizes}"
+    if args.conv_channels < 0:
+        return f"--conv-channels must be 0 (none) or positive, got {args.conv_channels}"
+    return check_grid(args.env_id, args.conv_channels)
+
+
+def fill_runtime_fields(args: Args) -> Args:
+    args.steps_per_iteration = args.num_envs * args.num_steps
+    args.num_iterations = args.total_timesteps // args.steps_per_iteration
+    args.gradient_steps_per_iteration = round(args.replay_ratio * args.steps_per_iteration)
+    args.num_devices = 1
+    return args
+
+
+def make_agent(args: Args, env, env_params) -> contract.Agent:
+    """The network, optimizer, initial state, update step and policy that the shared machinery
+    trains, checkpoints and evaluates."""
+    network = make_network(env.action_space(env_params).n, args.hidden_sizes, args.layer_norm,
+                           args.conv_channels)
+    optimizer = make_optimizer(args)
+    buffer = make_buffer(args)
+    # MinAtar's observations are grids of 0 and 1 in float32: uint8 keeps them exactly in a quarter
+    # of the memory (tests/test_dqn_minatar.py checks the games); other games' are kept as they are.
+    uint8_obs = args.env_id.endswith("-MinAtar")
+
+    def act(params: hk.Params, obs: jax.Array, key: jax.Array, greedy: jax.Array) -> jax.Array:
+        """argmax Q where greedy, else epsilon-greedy at eval_epsilon."""
+        q_values = network.apply(params, obs)
+        sampled = distrax.EpsilonGreedy(q_values, args.eval_epsilon).sample(seed=key)
+        return jnp.where(greedy, q_values.argmax(axis=-1), sampled)
+
+    return contract.Agent(
+        network=network, optimizer=optimizer,
+        init=functools.partial(init_runner, env=env, env_params=env_params, network=network,
+                               optimizer=optimizer, buffer=buffer, num_envs=args.num_envs,
+                               uint8_obs=uint8_obs),
+        update_step=make_update_step(args, env, env_params, network, optimizer, buffer),
+        parallel_update_step=None, state_specs=RUNNER_SPECS,
+        params=lambda runner: runner.train_state.params, act=act)
+
+
+# --------------------------------------------------------------------------------------------------
+# Main: the agent handed to the run, then the training loop
+# --------------------------------------------------------------------------------------------------
+def main() -> None:
+    args = training.parse_args(sys.modules[__name__])
+    env, env_params = make_env(args.env_id, args.sticky_action_prob)
+    agent = make_agent(args, env, env_params)
+    # Compiled ahead of time; then the run's directory, log, checkpoints and summary.json.
+    with training.Run(sys.modules[__name__], args, agent, env, env_params) as run:
+        runner = run.state  # fresh, or --resume's (None with --load-model: no training)
+        for iteration in run.iterations():  # after Ctrl-C, no further iteration
+            next_runner, metrics = run.update_step(runner)
+            metrics = jax.device_get(metrics)  # the one host transfer per iteration
+            run.log_iteration(iteration, metrics, iteration_scalars(metrics))
+            if not metrics["finite"]:  # stop, keeping the parameters from before it
+                run.stop_non_finite(iteration, first_non_finite(metrics))
+                break
+            runner = next_runner
+            run.end_iteration(iteration, runner)  # progress; checkpoint (buffer included)
+        run.finish(runner)  # the last checkpoint
+        run.evaluate(runner)  # both protocols, both policies: summary.json, play.gif, pictures
+        run.save_model(runner)  # model.safetensors
+    sys.exit(run.exit_code)
+
+
+if __name__ == "__main__":
+    startup.after_imports()
+    main()
