@@ -119,7 +119,7 @@ def check_run_args(args) -> str | None:
     if not 0 <= args.seed < 2**32:  # jax.random.key takes a 32-bit seed
         return f"--seed must be in [0, {2**32 - 1}], got {args.seed}"
     plain_name = re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}", args.exp_name)
-    if args.exp_name and (not plain_name or ".." in args.exp_name):  # "": the script's name
+    if not plain_name or ".." in args.exp_name:
         return (f"--exp-name must be a plain name of letters, digits, '_', '-' and '.' (no path, "
                 f"no '..', at most 100 characters), got {args.exp_name!r}")
     if args.num_devices < 0:

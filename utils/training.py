@@ -55,7 +55,8 @@ def parse_args(script, argv: list[str] | None = None):
     STARTED = time.time()
 
     def take_saved(args, given: set[str]) -> str | None:
-        args.exp_name = args.exp_name or script_name(script)
+        if "exp_name" not in given:
+            args.exp_name = args.exp_name or script_name(script)
         if args.load_model or args.resume:
             return take_saved_args(script, args, given)
         if hasattr(script, "fill_defaults"):
