@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import shlex
 import statistics
 import subprocess
@@ -223,6 +224,15 @@ def machine(devices: list | None = None, cpuinfo: str = "/proc/cpuinfo") -> str:
 # ------------------------------------------------------------------------------------------------
 # The report
 # ------------------------------------------------------------------------------------------------
+CACHE_FLAG = re.compile(r"\s*--(\w+\.)?jax[-_]cache[-_]dir(=|\s+)[^\s'\"]+")
+
+
+def without_cache_dir(command: str) -> str:
+    """`command` without its --jax-cache-dir flags (a script's, or a harness's --ppo.* one, also
+    inside --script-args): a cache changes no result, and its path is one machine's."""
+    return CACHE_FLAG.sub("", command)
+
+
 def invocation(argv: list[str] | None = None) -> str:
     """The command line that ran this benchmark, as one runs it from the repository root."""
     argv = sys.argv if argv is None else argv

@@ -197,7 +197,8 @@ def main() -> None:
         policy = summary["policy"]  # the script's headline policy
         print(f"seed {seed}: {policy} {summary['eval'][policy]['mean']:.2f}, "
               f"wall {run.wall_seconds:.1f}s", file=sys.stderr)
-    table = {"command": "python benchmarks/results_table.py " + shlex.join(sys.argv[1:]),
+    table = {"command": common.without_cache_dir(
+                 "python benchmarks/results_table.py " + shlex.join(sys.argv[1:])),
              "script": args.script, "policy": headline_policy(rows), "cpu": common.machine(),
              "rows": rows, "date": common.utc_date()}
     print_table(table)

@@ -36,7 +36,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import stats, tune  # noqa: E402  (tune sets up JAX's devices first)
+from benchmarks import common, stats, tune  # noqa: E402  (tune sets up JAX's devices first)
 from utils import startup  # noqa: E402
 
 # Heartbeats and their retry callback are marked experimental; they are what lets a study resume.
@@ -274,7 +274,7 @@ def open_study(args: Args, storage: optuna.storages.BaseStorage) -> optuna.Study
     else:
         study.enqueue_trial(default_params(args))
         # Last, and in one write: the other workers wait for it.
-        command = "python benchmarks/search.py " + " ".join(sys.argv[1:])
+        command = common.without_cache_dir("python benchmarks/search.py " + " ".join(sys.argv[1:]))
         command = command.replace(args.storage, shown(args.storage))  # no password in a report
         study.set_user_attr("search", {"settings": settings, "sampler_seed": args.sampler_seed,
                                        "command": command})

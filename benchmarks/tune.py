@@ -545,7 +545,7 @@ def main() -> None:
     result = train_seeds(cfg, seeds, args.eval_episodes, args.num_chunks, args.num_devices,
                          on_chunk=progress, stability=args.stability,
                          checkpoint_path=checkpoint_path)
-    command = shlex.join(["python", "benchmarks/tune.py", *sys.argv[1:]])
+    command = common.without_cache_dir(shlex.join(["python", "benchmarks/tune.py", *sys.argv[1:]]))
     out = result_json(cfg, seeds, result, args.eval_episodes, command,
                       time.time() - wall_start, baseline)
     text = json.dumps(out, indent=1)
