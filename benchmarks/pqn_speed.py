@@ -20,16 +20,17 @@ range, and whether the --target speed-up held in every round. Each run's whole-p
 and peak memory are recorded too (pqn_minatar.py's includes its final evaluation; purejaxql's
 includes its compilation, which is not cached).
 
-purejaxql, in a directory of its own with a virtual environment of its pinned packages (the
-versions last measured with are in benchmarks/purejaxql_requirements.txt):
+purejaxql, in a directory of its own beside this checkout (../purejaxql) with a virtual
+environment of its pinned packages (../venv-purejaxql; the versions last measured with are in
+benchmarks/purejaxql_requirements.txt), from the repository root:
 
-    git clone https://github.com/mttga/purejaxql /work/purejaxql   # measured at 47af6d7
-    python -m venv /work/venv-purejaxql
-    /work/venv-purejaxql/bin/pip install -r benchmarks/purejaxql_requirements.txt
-    /work/venv-purejaxql/bin/pip install --no-deps -e /work/purejaxql
+    git clone https://github.com/mttga/purejaxql ../purejaxql   # measured at 47af6d7
+    python -m venv ../venv-purejaxql
+    ../venv-purejaxql/bin/pip install -r benchmarks/purejaxql_requirements.txt
+    ../venv-purejaxql/bin/pip install --no-deps -e ../purejaxql
 
-    python benchmarks/pqn_speed.py --purejaxql /work/purejaxql \\
-        --python /work/venv-purejaxql/bin/python --total-timesteps 2000000 --rounds 3 \\
+    python benchmarks/pqn_speed.py --purejaxql ../purejaxql \\
+        --python ../venv-purejaxql/bin/python --total-timesteps 2000000 --rounds 3 \\
         --out benchmarks/results/pqn_speed.json
 """
 

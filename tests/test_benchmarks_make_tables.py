@@ -124,11 +124,12 @@ def test_commands_are_rendered_from_the_arguments_the_result_recorded():
 def recorded_args_differing_from_todays(script_name: str, module, args: dict,
                                         budget: bool = False) -> list[str]:
     """The fields of `args` (a row's recorded arguments) that differ from the script's defaults
-    today (with its game's row of per-game defaults), but for the manifest's `ignore`d fields,
-    eval_every (evaluating during training leaves training and the final evaluation as they are)
-    and total_timesteps where the table chose the `budget`."""
+    today (with its game's row of per-game defaults), but for the fields a rendered command leaves
+    out, eval_every (evaluating during training leaves training and the final evaluation as they
+    are) and total_timesteps where the table chose the `budget`."""
     script = make_tables.manifest()["script"][script_name]
-    ignore = set(script["ignore"]) | {"eval_every"} | ({"total_timesteps"} if budget else set())
+    ignore = make_tables.ignored(module) | {"eval_every"}
+    ignore |= {"total_timesteps"} if budget else set()
     before = script["before"]  # fields younger than a run
     today = module.Args(env_id=args["env_id"])
     for name, value in getattr(module, "GAME_DEFAULTS", {}).get(today.env_id, {}).items():
