@@ -102,8 +102,12 @@ class Run:
         args, agent = self.args, self.agent
         runner_key, eval_key = jax.random.split(jax.random.key(args.seed))
         start, self.state = fresh_start(), None
+        obs = jax.eval_shape(env.reset, runner_key, env_params)[0]
+        # The final evaluation keeps each episode's last observation and numbers, four times.
+        evaluation_bytes = 4 * args.eval_episodes * (obs.size * obs.dtype.itemsize + 64)
+        cli.or_exit(cli.check_memory, f"--eval-episodes {args.eval_episodes}",
+                    jax.ShapeDtypeStruct((evaluation_bytes,), np.uint8))
         if args.load_model:
-            obs = jax.eval_shape(env.reset, runner_key, env_params)[0]
             self.params = cli.or_exit(model.load_params, args.load_model, agent.network, obs, args,
                                       script.NETWORK_ARGS, getattr(script, "ADDED_ARGS", {}))
         else:
@@ -116,15 +120,16 @@ class Run:
                 step = agent.parallel_update_step(mesh)
             else:
                 shardings, init, step = None, jax.jit(agent.init), jax.jit(agent.update_step)
+            # Compiled from the state's shapes, and its memory checked, before any is allocated.
             like = jax.eval_shape(init, runner_key)
-            cli.or_exit(cli.check_memory, "the training state", like)
+            cli.or_exit(cli.check_memory, "training", like)
+            self.update_step = step.lower(like).compile()
+            cli.or_exit(cli.check_memory, "training", like, self.update_step)
             if args.resume:  # read before anything is written
                 self.state, start = cli.or_exit(checkpoint.load_checkpoint, self.script,
                                                 args.resume, like, shardings)
             else:
                 self.state = init(runner_key)
-            self.update_step = step.lower(self.state).compile()
-            cli.or_exit(cli.check_memory, "training", like, self.update_step)
             self.params = agent.params(self.state)
         self.play = evaluation.compile_final_evaluation(
             env, args.env_id, env_params, agent.act, args.eval_episodes, args.num_devices,
