@@ -416,8 +416,9 @@ def parts(table: dict) -> str:
 
 def models_table(table: dict) -> str:
     """The pretrained agents: each file in models/ with the run it came from (the file's digest is
-    that run's model_sha256, or the table fails), the run's scores under both protocols and both
-    policies, and the commands that play it and train it again."""
+    that run's model_sha256, or the table fails), its scores under both protocols and both policies
+    (the run's own, or those of the file played again, `evaluated`), and the commands that play it
+    and train it again."""
     lines = [table["head"], table["rule"]]
     for row in table["rows"]:
         result = load(row["file"])
@@ -426,6 +427,8 @@ def models_table(table: dict) -> str:
             raise ValueError(f"{row['model']} is not the model of seed {row['seed']} in "
                              f"{row['file']}")
         script, e = result["script"], run["eval"]
+        if "evaluated" in row:  # the file played again (`play it`) by today's evaluation
+            e = load(row["evaluated"])["rows"][0]["eval"]
         play = (f"python {script}.py --load-model {row['model']} --seed {run['seed']} "
                 f"--num-devices {run['args']['num_devices']}")
         scores = [e["greedy"], e["sampled"], e["sticky_0.1"]["greedy"], e["sticky_0.1"]["sampled"]]

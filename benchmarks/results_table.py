@@ -63,6 +63,8 @@ def learning_curve(run_dir: str, started: float, max_points: int = 250) -> dict:
     point's wall seconds since the process was started (at unix time `started`)."""
     events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
     events.Reload()
+    if "charts/episodic_return" not in events.Tags()["scalars"]:  # --load-model: no training
+        return {"steps": [], "returns": [], "seconds": []}
     points = events.Scalars("charts/episodic_return")
     spaced = np.linspace(0, len(points) - 1, min(max_points, len(points)))
     keep = np.unique(spaced.round().astype(int))

@@ -197,8 +197,9 @@ def settings(args):
 def check_settings(cfg) -> str | None:
     """What is wrong with the script's settings: the fields every script shares, then its own.
     The run's name, which the harness does not use, is the script's unless given."""
-    cfg.exp_name = cfg.exp_name or name_of(script_of(cfg))
-    return cli.check_run_args(cfg) or script_of(cfg).check_args(cfg)
+    named = copy.copy(cfg)
+    named.exp_name = cfg.exp_name or name_of(script_of(cfg))
+    return cli.check_run_args(named) or script_of(cfg).check_args(cfg)
 
 
 def find_harness_error(args: Args) -> str | None:

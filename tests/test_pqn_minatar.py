@@ -354,7 +354,7 @@ def tiny_run(tmp_path_factory):
 def test_the_script_trains_logs_evaluates_and_saves(tiny_run):
     result, run_dir = tiny_run
     assert "eval (sampled, 8 episodes)" in result.stdout and "eval ( greedy" in result.stdout
-    assert os.path.basename(run_dir).startswith("Breakout-MinAtar__pqn__3__")
+    assert os.path.basename(run_dir).startswith("Breakout-MinAtar__pqn_minatar__3__")
     assert len(glob.glob(os.path.join(run_dir, "events.out.tfevents.*"))) == 1
     assert os.path.exists(os.path.join(run_dir, "model.safetensors"))
     summary = read_summary(run_dir)
