@@ -266,8 +266,8 @@ def read_checkpoint(path: str, identity: dict) -> tuple[dict, dict] | None:
     for name, value in identity.items():
         saved, value = files.header_value(path, header, name), json.loads(json.dumps(value))
         if name == "args" and saved != value:  # name the first argument that differs
-            group, name = name, next(k for k in sorted(saved | value)
-                                     if saved.get(k) != value.get(k))
+            group, name = group_of(identity["script"]), next(k for k in sorted(saved | value)
+                                                             if saved.get(k) != value.get(k))
             saved, value, name = saved.get(name), value.get(name), f"{group}.{name}"
         if saved != value:
             reason = ("was written by another version of the code" if name == "code" else
