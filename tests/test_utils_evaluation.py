@@ -1,6 +1,6 @@
 """Tests of utils/evaluation.py: `evaluate` on probe environments with known returns, lengths and
-episodes, every episode counted once and whole however long, the same numbers whatever batch
-widths or devices play them, and the two protocols (gymnax's time limit; MinAtar's sticky actions
+episodes, every episode counted once and whole however long, the same numbers whatever slot, pool
+or device count plays them, and the two protocols (gymnax's time limit; MinAtar's sticky actions
 and the game's own end), played past gymnax's limit by the final evaluation."""
 
 import jax
@@ -40,12 +40,16 @@ def test_evaluate_counts_complete_episodes_with_known_returns():
                        act=act_by_logits, num_episodes=256, max_steps=10)
     assert abs(float(sampled.returns.sum() / sampled.lengths.sum()) - 0.5) < 0.1
 
-    # Stopped before the longer episodes end: those are reported as unfinished, never as done.
-    cut = evaluate(jax.random.key(0), GREEDY_ONE, True, env=env, env_params=env.default_params,
-                   act=act_by_logits, num_episodes=64, max_steps=2)
-    assert np.all(np.asarray(cut.lengths) == 2)
-    assert 0 < int(cut.finished.sum()) < 64
-    np.testing.assert_array_equal(cut.terminated, cut.finished)  # horizon 2 ends by the game
+    # Stopped before the longer episodes end: those are reported as unfinished, never as done. The
+    # bound is each episode's own, also for episodes that start after others were stopped.
+    for max_steps, width in ((2, 64), (3, 5)):
+        cut = jax.device_get(evaluate(
+            jax.random.key(0), GREEDY_ONE, True, env=env, env_params=env.default_params,
+            act=act_by_logits, num_episodes=64, max_steps=max_steps, width=width))
+        assert set(cut.lengths.tolist()) == set(range(2, max_steps + 1))  # horizons 2, 3, 6
+        assert 0 < int(cut.finished.sum()) < 64
+        np.testing.assert_array_equal(cut.terminated, cut.finished)  # horizons 2, 3: the game's
+        np.testing.assert_array_equal(cut.lengths[~cut.finished], max_steps)
 
 
 def test_evaluate_keeps_what_behaviour_diagnostics_need():
@@ -83,11 +87,12 @@ SHORT_AND_LONG = ProbeEnv(horizons=(1, 300))
 NO_LIMIT = ProbeParams(max_steps_in_episode=1000)
 
 
-def test_every_episode_is_counted_once_and_whole_however_long():
+@pytest.mark.parametrize("width", [evaluation.POOL_WIDTH, 256])
+def test_every_episode_is_counted_once_and_whole_however_long(width):
     num_episodes = 256
     result = jax.device_get(evaluate(
         jax.random.key(0), GREEDY_ONE, True, env=SHORT_AND_LONG, env_params=NO_LIMIT,
-        act=act_by_logits, num_episodes=num_episodes, max_steps=1001, num_recorded=4))
+        act=act_by_logits, num_episodes=num_episodes, max_steps=1001, num_recorded=4, width=width))
     # Each episode played to its own end, and its numbers are its own: the clock it ended on.
     assert result.finished.all() and result.terminated.all()
     assert set(result.lengths.tolist()) == {1, 300}
@@ -110,33 +115,40 @@ def sticky_probe(sticky: float) -> tuple[StickyActions, StickyParams]:
     return StickyActions(SHORT_AND_LONG), StickyParams(NO_LIMIT, sticky)
 
 
-def test_an_episode_is_the_same_whatever_batch_widths_play_it():
+def test_an_episode_is_the_same_whatever_slot_plays_it():
     # Sampled actions, sticky repeats and random horizons: each episode's return depends on every
-    # key it draws, and must not change when it is played in another slot or a narrower batch.
+    # key it draws, and must not change when another slot of another pool plays it, after other
+    # episodes or none.
     env, env_params = sticky_probe(0.3)
     num_episodes = 40
 
-    def played(widths):
+    def played(width):
         return jax.device_get(evaluate(
             jax.random.key(3), UNIFORM, False, env=env, env_params=env_params, act=act_by_logits,
-            num_episodes=num_episodes, max_steps=1001, num_recorded=3, widths=widths))
+            num_episodes=num_episodes, max_steps=1001, num_recorded=3, width=width))
 
-    default = played(None)
-    assert evaluation.batch_widths(num_episodes) == (40, 10, 3, 1)
-    assert len(np.unique(default.returns)) > 10  # the keys do make episodes differ
-    for widths in [(num_episodes,), (num_episodes, 39, 20, 7, 2, 1), (num_episodes, 1)]:
-        jax.tree.map(np.testing.assert_array_equal, played(widths), default)
+    alone = played(num_episodes)  # each episode in a slot of its own, all at once
+    assert len(np.unique(alone.returns)) > 10  # the keys do make episodes differ
+    for width in (1, 3, 16):
+        jax.tree.map(np.testing.assert_array_equal, played(width), alone)
 
 
 def test_final_evaluation_is_the_same_on_one_device_or_two():
+    # 13 episodes: on two devices, one plays 7 and the other 6 (and an extra one, not counted); the
+    # recorded episodes 0-7 are on both.
     env, env_params = sticky_probe(0.0)  # each protocol sets its own stickiness
     key = jax.random.key(5)
     results = []
     for num_devices in (1, 2):
         evaluate_pair, _ = evaluation.make_evaluate_pair(env, "Probe", env_params, act_by_logits,
-                                                         12, num_devices)
+                                                         13, num_devices)
         results.append(jax.device_get([evaluate_pair(key, LEANING_ONE, pair) for pair in (0, 1)]))
     jax.tree.map(np.testing.assert_array_equal, *results)
+    alone = evaluate(key, LEANING_ONE, True, env=env, env_params=env_params.replace(
+        sticky_action_prob=0.1), act=act_by_logits, num_episodes=13, max_steps=1001,
+        num_recorded=8, record_steps=evaluation.RECORD_STEPS)
+    greedy_sticky = jax.tree.map(lambda x: x[1], results[1][1])  # as it gives alone
+    jax.tree.map(np.testing.assert_array_equal, greedy_sticky, jax.device_get(alone))
     # Both evaluations of a pair play with the same key: the same horizons, drawn at reset, whatever
     # the actions; without sticky actions the greedy policy earns 1 a step.
     for pair in results[0]:

@@ -1,20 +1,17 @@
 """Run complete episodes of a discrete-action policy in a gymnax environment.
 
-`evaluate` plays `num_episodes` episodes side by side (one environment each, under `vmap`) in
-`jax.lax.while_loop`s. An episode ends when the environment says `terminated` or `truncated` (e.g.
-Breakout-MinAtar's 1000-step limit): both count as finished. gymnax auto-resets an environment the
-step it ends, so an ended episode's numbers are frozen and whatever follows is ignored.
+`evaluate` plays `num_episodes` episodes in a pool of `width` environments under `vmap`, in one
+`jax.lax.while_loop`: when an episode ends, its slot starts the next episode not yet played. So no
+slot idles while episodes are left, and a long episode holds up only its own slot. Each episode
+draws its randomness from its own keys, fold_in(key, episode), so its outcome does not depend on
+which slot, pool or device plays it; and every episode is played to its end, however long (counting
+the first episodes to end would favour short ones).
 
-No episode waits for the longest one: whenever at most a quarter of the batch still plays, those
-episodes move to a batch a quarter as wide, so each step costs about as many environment steps as
-there are episodes still playing. Every episode is played to its end (or the bound) and counted
-once, whatever its length; each draws from its own keys, fold_in(key, episode), so its outcome does
-not depend on which slot or batch width plays it.
-
-Besides returns and lengths it keeps what behaviour diagnostics need: each episode's last
-observation (before the auto-reset), whether it terminated, a fingerprint of its observation
-sequence (equal fingerprints: the same episode), and the first `record_steps` frames of the first
-`num_recorded` episodes.
+An episode ends when the environment says `terminated` or `truncated` (e.g. Breakout-MinAtar's
+1000-step limit): both count as finished. Besides returns and lengths it keeps what behaviour
+diagnostics need: each episode's last observation (before gymnax's auto-reset), whether it
+terminated, a fingerprint of its observation sequence (equal fingerprints: the same episode), and
+the first `record_steps` frames of the first `num_recorded` episodes.
 
 `make_evaluate_pair` compiles a script's final evaluations, both protocols and both policies,
 into one program that plays them two at a time; `compile_final_evaluation` names the pairs.
@@ -41,25 +38,25 @@ class EvalResult(NamedTuple):
     frames: jax.Array  # (num_recorded, record_steps + 1, *obs_shape) first episodes' observations
 
 
-class _Batch(NamedTuple):
-    """The episodes being played, one per slot; `episode` is num_episodes in a slot with none."""
-    episode: jax.Array  # (width,) which episode each slot plays
-    running: jax.Array  # (width,) False once the episode has ended or reached `max_steps`
-    key: jax.Array  # (width,) the episode's own key stream
+class _Slots(NamedTuple):
+    """The episodes being played, one per slot of the pool."""
+    episode: jax.Array  # (width,) the episode each slot plays (num_episodes: none)
+    running: jax.Array  # (width,) False once it has ended or reached `max_steps`
+    key: jax.Array  # (width,) the episode's own stream of keys
     obs: jax.Array
     env_state: Any
-    result: EvalResult  # the episode's numbers so far (frames None: kept for the whole evaluation)
+    so_far: EvalResult  # the episode's numbers so far (frames: None)
 
 
-SHRINK = 4  # the batch moves to one SHRINK times narrower when at most 1 / SHRINK of it plays
+class _Pool(NamedTuple):
+    slots: _Slots
+    next_episode: jax.Array  # the first episode not started yet
+    results: EvalResult  # the episodes' numbers, each written when it ends; the recorded frames
 
 
-def batch_widths(num_episodes: int) -> tuple[int, ...]:
-    """The widths the batch shrinks through: num_episodes, a quarter of it, ..., down to 1."""
-    widths = [num_episodes]
-    while widths[-1] > 1:
-        widths.append(-(-widths[-1] // SHRINK))
-    return tuple(widths)
+# The pool's width. On a CPU a step of 32 environments costs about 15% more per environment than
+# one of 256, and a narrow pool leaves fewer slots idle while its last episodes end.
+POOL_WIDTH = 32
 
 
 def _observation_hash(obs: jax.Array) -> jax.Array:
@@ -72,7 +69,7 @@ def _observation_hash(obs: jax.Array) -> jax.Array:
 
 
 @functools.partial(jax.jit, static_argnames=("env", "act", "num_episodes", "max_steps",
-                                             "num_recorded", "record_steps", "widths"))
+                                             "num_recorded", "record_steps", "width"))
 def evaluate(
     key: jax.Array,
     policy_params: Any,
@@ -85,83 +82,93 @@ def evaluate(
     max_steps: int,
     num_recorded: int = 0,
     record_steps: int | None = None,
-    widths: tuple[int, ...] | None = None,
+    width: int = POOL_WIDTH,
+    first_episode: int | jax.Array = 0,
 ) -> EvalResult:
-    """Plays `num_episodes` episodes with the policy `act(params, obs_batch, key, greedy)`.
+    """Plays `num_episodes` episodes with the policy `act(params, obs_batch, key, greedy)`, in a
+    pool of `width` slots (at most num_episodes), which changes how fast, not what it computes.
 
     `greedy` is traced, so greedy and sampled evaluation share one compiled program, as do any
     `env_params` of one structure. An episode still running after `max_steps` steps is stopped and
-    reported with `finished=False`. Frames are kept for the first `record_steps` steps (all
-    `max_steps` if None). `widths`: the batch's widths (batch_widths(num_episodes) if None), the
-    first num_episodes; they change how fast it runs, not what it computes.
+    reported with `finished=False`. Frames are kept of episodes 0 to num_recorded - 1, for their
+    first `record_steps` steps (all `max_steps` if None). The episodes played are numbers
+    `first_episode` on (it may be traced), so that devices can share out one evaluation's episodes.
     """
     record_steps = max_steps if record_steps is None else min(record_steps, max_steps)
-    widths = batch_widths(num_episodes) if widths is None else widths
-    assert widths[0] == num_episodes, "every episode starts in the first batch"
+    vmap_reset = jax.vmap(env.reset, in_axes=(0, None))
     vmap_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
-    # Each episode's own stream: one key for its reset, then three a step (the next, its action's,
-    # its environment step's), whichever slot it is in. `act` sees one episode at a time.
-    episode = jnp.arange(num_episodes)
-    reset_key, stream = jnp.moveaxis(jax.vmap(lambda i: jax.random.split(
-        jax.random.fold_in(key, i)))(episode), 1, 0)
-    obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(reset_key, env_params)
-    act_one = jax.vmap(lambda o, k: act(policy_params, o[None], k, greedy)[0])
+    # `act` sees one episode at a time, with that episode's key.
+    act_each = jax.vmap(lambda obs, key: act(policy_params, obs[None], key, greedy)[0])
+    broadcast = lambda where, x: where.reshape(-1, *[1] * (x.ndim - 1))  # noqa: E731
 
-    def step(carry: tuple[_Batch, jax.Array]) -> tuple[_Batch, jax.Array]:
-        batch, frames = carry
+    def start(episode: jax.Array) -> _Slots:
+        """Slots that start `episode` (num_episodes: none) from its own reset."""
+        reset_key, stream = jnp.moveaxis(jax.vmap(lambda i: jax.random.split(
+            jax.random.fold_in(key, first_episode + i)))(episode), 1, 0)
+        obs, env_state = vmap_reset(reset_key, env_params)
+        zeros = jnp.zeros(len(episode), jnp.int32)
+        return _Slots(episode, episode < num_episodes, stream, obs, env_state, EvalResult(
+            returns=zeros.astype(jnp.float32), lengths=zeros, finished=zeros.astype(bool),
+            terminated=zeros.astype(bool), final_obs=jnp.zeros_like(obs),
+            fingerprint=_observation_hash(obs), frames=None))
+
+    def recording(running: jax.Array, episode: jax.Array, at: jax.Array) -> jax.Array:
+        """Each slot's row in `frames` where its episode is running and recorded, and frame `at`
+        is kept; out of range (its write dropped) elsewhere."""
+        episode = first_episode + episode
+        keep = running & (episode < num_recorded) & (at <= record_steps)
+        return jnp.where(keep, episode, num_recorded)
+
+    def step(pool: _Pool) -> _Pool:
+        slots, so_far = pool.slots, pool.slots.so_far
         key, action_key, step_key = jnp.moveaxis(jax.vmap(
-            lambda k: jax.random.split(k, 3))(batch.key), 1, 0)
+            lambda k: jax.random.split(k, 3))(slots.key), 1, 0)
         obs, env_state, reward, terminated, truncated, info = vmap_step(
-            step_key, batch.env_state, act_one(batch.obs, action_key), env_params)
-        running, done = batch.running, batch.result
+            step_key, slots.env_state, act_each(slots.obs, action_key), env_params)
+        running = slots.running
         ends = running & (terminated | truncated)
         final_obs = info["final_observation"]  # before the auto-reset
-        # Frame t + 1 of a recorded episode is what its step t led to (the pre-reset one at its
-        # end); the other slots' writes fall outside `frames` and are dropped.
-        recorded = running & (batch.episode < num_recorded) & (done.lengths < record_steps)
-        frames = frames.at[jnp.where(recorded, batch.episode, num_recorded),
-                           done.lengths + 1].set(final_obs, mode="drop")
-        lengths = done.lengths + running
-        result = EvalResult(
-            returns=done.returns + jnp.where(running, reward, 0.0),
+        lengths = so_far.lengths + running
+        so_far = EvalResult(
+            returns=so_far.returns + jnp.where(running, reward, 0.0),
             lengths=lengths,
-            finished=done.finished | ends,
-            terminated=done.terminated | (ends & terminated),
-            final_obs=jnp.where(ends.reshape(-1, *[1] * (obs.ndim - 1)), final_obs,
-                                done.final_obs),
-            fingerprint=jnp.where(running, done.fingerprint * jnp.uint32(16777619)
-                                  ^ _observation_hash(final_obs), done.fingerprint),
+            finished=so_far.finished | ends,
+            terminated=so_far.terminated | (ends & terminated),
+            final_obs=jnp.where(broadcast(ends, final_obs), final_obs, so_far.final_obs),
+            fingerprint=jnp.where(running, so_far.fingerprint * jnp.uint32(16777619)
+                                  ^ _observation_hash(final_obs), so_far.fingerprint),
             frames=None,
         )
-        running = running & ~ends & (lengths < max_steps)
-        return _Batch(batch.episode, running, key, obs, env_state, result), frames
+        slots = _Slots(slots.episode, running & ~ends & (lengths < max_steps), key, obs,
+                       env_state, so_far)
+        # Frame t + 1 of a recorded episode is what its step t led to (at its end, the pre-reset
+        # one). The episodes that stopped go into the results (the other slots' writes are
+        # dropped), and their slots start the next ones, whose first frames are recorded.
+        frames = pool.results.frames.at[recording(running, slots.episode, lengths), lengths].set(
+            final_obs, mode="drop")
+        stopped = jnp.where(running & ~slots.running, slots.episode, num_episodes)
+        results = jax.tree.map(lambda r, x: r.at[stopped].set(x, mode="drop"),
+                               pool.results._replace(frames=None), so_far)
+        slots, next_episode = jax.lax.cond(jnp.any(running & ~slots.running), next_episodes,
+                                           lambda *pool: pool, slots, pool.next_episode)
+        starts = slots.running & (slots.so_far.lengths == 0)
+        frames = frames.at[recording(starts, slots.episode, 0), 0].set(slots.obs, mode="drop")
+        return _Pool(slots, next_episode, results._replace(frames=frames))
 
-    def write(results: EvalResult, batch: _Batch) -> EvalResult:
-        """`results` with the numbers of the episodes that `batch` has played to their end."""
-        index = jnp.where(batch.running, num_episodes, batch.episode)  # out of range: dropped
-        return jax.tree.map(lambda r, b: r.at[index].set(b, mode="drop"), results, batch.result)
+    def next_episodes(slots: _Slots, next_episode: jax.Array) -> tuple[_Slots, jax.Array]:
+        """The slots whose episodes stopped, given the next episodes not started yet."""
+        free = ~slots.running
+        new = start(jnp.minimum(next_episode + jnp.cumsum(free) - 1, num_episodes))
+        slots = jax.tree.map(lambda n, s: jnp.where(broadcast(free, n), n, s), new, slots)
+        return slots, next_episode + jnp.sum(free & new.running)
 
-    batch = _Batch(episode=episode, running=jnp.ones(num_episodes, bool), key=stream, obs=obs,
-                   env_state=env_state, result=EvalResult(
-                       returns=jnp.zeros(num_episodes, jnp.float32),
-                       lengths=jnp.zeros(num_episodes, jnp.int32),
-                       finished=jnp.zeros(num_episodes, bool),
-                       terminated=jnp.zeros(num_episodes, bool),
-                       final_obs=jnp.zeros_like(obs),
-                       fingerprint=_observation_hash(obs),
-                       frames=None))
-    results = batch.result
-    frames = jnp.zeros((num_recorded, record_steps + 1, *obs.shape[1:]), obs.dtype).at[:, 0].set(
-        obs[:num_recorded])
-    for next_width in (*widths[1:], 0):
-        batch, frames = jax.lax.while_loop(lambda c, n=next_width: c[0].running.sum() > n, step,
-                                           (batch, frames))
-        results = write(results, batch)
-        # The episodes still running move, in order, to the front of a narrower batch.
-        keep = jnp.argsort(~batch.running, stable=True)[:next_width]
-        batch = jax.tree.map(lambda x: x[keep], batch._replace(
-            episode=jnp.where(batch.running, batch.episode, num_episodes)))
-    return results._replace(frames=frames)
+    slots = start(jnp.arange(min(width, num_episodes)))
+    frames = jnp.zeros((num_recorded, record_steps + 1, *slots.obs.shape[1:]), slots.obs.dtype)
+    results = jax.tree.map(lambda x: jnp.zeros((num_episodes, *x.shape[1:]), x.dtype),
+                           slots.so_far)
+    frames = frames.at[recording(slots.running, slots.episode, 0), 0].set(slots.obs, mode="drop")
+    pool = _Pool(slots, jnp.int32(len(slots.episode)), results._replace(frames=frames))
+    return jax.lax.while_loop(lambda pool: jnp.any(pool.slots.running), step, pool).results
 
 
 # The two evaluation protocols. gymnax's: no sticky actions and gymnax's time limit (1000 steps,
@@ -203,12 +210,13 @@ def return_tag(protocol: str, mode: str) -> str:
 
 def make_evaluate_pair(env: Any, env_id: str, env_params: Any, act: Callable,
                        num_episodes: int, num_devices: int) -> tuple[Callable, Mesh]:
-    """A program that plays the `pair`-th of EVALUATION_PAIRS, split over up to two devices, each
-    evaluation with the same key, so each gives the numbers it gives alone. Compiled once and called
-    per pair, so the host can read the first pair while the second plays. `env_params` must have a
-    `sticky_action_prob` field (utils.env.StickyParams). The GIF's episodes are recorded for
-    RECORD_STEPS steps."""
-    mesh = Mesh(np.array(jax.devices()[:min(num_devices, 2)]), ("data",))
+    """A program that plays the `pair`-th of EVALUATION_PAIRS, each evaluation with the same key,
+    so each gives the numbers it gives alone. Each of `num_devices` devices plays its share of
+    both evaluations' episodes, which are the same episodes on any number of devices. Compiled
+    once and called per pair, so the host can read the first pair while the second plays.
+    `env_params` must have a `sticky_action_prob` field (utils.env.StickyParams). The GIF's
+    episodes are recorded for RECORD_STEPS steps."""
+    mesh = Mesh(np.array(jax.devices()[:num_devices]), ("data",))
     pairs = list(EVALUATION_PAIRS.values())
     protocols = [[protocol_params(env_id, env_params, PROTOCOL_OF[EVALUATIONS[i][0]]) for i in pair]
                  for pair in pairs]
@@ -216,25 +224,33 @@ def make_evaluate_pair(env: Any, env_id: str, env_params: Any, act: Callable,
     sticky = np.array([[p.sticky_action_prob for p in pair] for pair in protocols], np.float32)
     limits = np.array([[p.env_params.max_steps_in_episode for p in pair] for pair in protocols],
                       np.int32)
+    share = -(-num_episodes // mesh.size)  # each device's episodes; the last may play extra ones
+    num_recorded = min(8, num_episodes)
 
     def evaluate_share(key, params, greedy, sticky, limit):
         def one(config):
             params_one = env_params.replace(
                 sticky_action_prob=config[1],
                 env_params=env_params.env_params.replace(max_steps_in_episode=config[2]))
-            return evaluate(key, params, config[0], env=env, env_params=params_one,
-                            act=act, num_episodes=num_episodes,
-                            max_steps=int(limits.max()) + 1, num_recorded=min(8, num_episodes),
-                            record_steps=RECORD_STEPS)
-        return jax.lax.map(one, (greedy, sticky, limit))
+            return evaluate(key, params, config[0], env=env, env_params=params_one, act=act,
+                            num_episodes=share, max_steps=int(limits.max()) + 1,
+                            num_recorded=num_recorded, record_steps=RECORD_STEPS,
+                            first_episode=jax.lax.axis_index("data") * share)
+        results = jax.lax.map(one, (greedy, sticky, limit))
+        return results._replace(frames=results.frames[None])  # one device's recordings
 
-    evaluate_split = jax.shard_map(evaluate_share, mesh=mesh,
-                                   in_specs=(P(), P(), *[P("data")] * 3), out_specs=P("data"),
-                                   check_vma=False)
+    evaluate_split = jax.shard_map(
+        evaluate_share, mesh=mesh, in_specs=(P(),) * 5,
+        out_specs=EvalResult(*[P(None, "data")] * 6, frames=P("data")), check_vma=False)
 
     def evaluate_pair(key, params, pair):
-        return evaluate_split(key, params, jnp.asarray(greedy)[pair], jnp.asarray(sticky)[pair],
-                              jnp.asarray(limits)[pair])
+        results = evaluate_split(key, params, jnp.asarray(greedy)[pair],
+                                 jnp.asarray(sticky)[pair], jnp.asarray(limits)[pair])
+        # Each recorded episode from the device that played it.
+        recorded = jnp.arange(num_recorded)
+        frames = jnp.moveaxis(results.frames[recorded // share, :, recorded], 0, 1)
+        return jax.tree.map(lambda x: x[:, :num_episodes], results._replace(frames=None)
+                            )._replace(frames=frames)
 
     return jax.jit(evaluate_pair), mesh
 
