@@ -23,7 +23,7 @@ STARTED = time.time()  # the clock of summary.json's wall_seconds, reset by pars
 
 
 def script_name(script) -> str:
-    """ppo_breakout for the module of ppo_breakout.py."""
+    """A script's name: its file name without .py."""
     return os.path.splitext(os.path.basename(script.__file__))[0]
 
 
