@@ -12,6 +12,11 @@ import sys
 import types
 
 CACHE_MAX_BYTES = 2**30  # a search compiles a program per setting: the cache must not fill the disk
+# Imported on first use: seaborn, which gymnax imports for Pong's render alone (with pandas and
+# scipy.stats), and pyplot, for its renders; boto3, which tensorboardX imports for S3 alone; and the
+# pictures and the log, which a run needs only once its programs are compiled, its peak of memory.
+DEFERRED = ("seaborn", "matplotlib.pyplot", "boto3", "utils.visualize", "utils.logger")
+M_ARENA_MAX = -8  # glibc's mallopt parameter
 
 
 class DeferredModule(types.ModuleType):
@@ -27,13 +32,18 @@ class DeferredModule(types.ModuleType):
 def before_imports() -> None:
     """For a script's __main__, before JAX starts (importing gymnax starts it): one CPU device per
     core and at least two, for the data-parallel update; the garbage collector off while the
-    imports load, their objects then frozen out of its later passes (after_imports); and seaborn,
-    which gymnax imports for Pong's render alone (with pandas and scipy.stats), imported only if
-    something uses it (docs/ppo_breakout.md, "Memory")."""
+    imports load, their objects then frozen out of its later passes (after_imports); the modules of
+    DEFERRED imported only when something uses them; and one malloc arena for every thread
+    (docs/ppo_breakout.md, "Memory")."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(max(cores or 1, 2)))
     gc.disable()
-    sys.modules.setdefault("seaborn", DeferredModule("seaborn"))
+    for name in DEFERRED:
+        sys.modules.setdefault(name, DeferredModule(name))
+    # XLA's compiler threads would each allocate in an arena of their own, whose freed memory no
+    # other thread reuses: a cold compile of PPO's update step peaked ~100 MB higher.
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, 1)
 
 
 def after_imports() -> None:
@@ -63,7 +73,9 @@ def configure_compilation_cache(cache_dir: str) -> None:
 
 
 def release_freed_memory() -> None:
-    """Gives the memory that glibc's allocator holds freed back to the system (malloc_trim): after
-    compiling, what XLA's compiler used would otherwise count in the run's peak."""
+    """Frees the garbage that only the collector finds (a trace's cycles) and gives the memory that
+    glibc's allocator holds freed back to the system (malloc_trim): after compiling, what XLA's
+    compiler used would otherwise count in the run's peak."""
+    gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -124,6 +124,7 @@ class Run:
             like = jax.eval_shape(init, runner_key)
             cli.or_exit(cli.check_memory, "training", like)
             self.update_step = step.lower(like).compile()
+            startup.release_freed_memory()  # the compiler's, before the evaluation's compile
             cli.or_exit(cli.check_memory, "training", like, self.update_step)
             if args.resume:  # read before anything is written
                 self.state, start = cli.or_exit(checkpoint.load_checkpoint, self.script,
