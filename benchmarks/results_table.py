@@ -94,8 +94,8 @@ def row_of(summary: dict, run_dir: str, wall_seconds: float, peak_gb: float | No
     """A seed's row: its evaluation, times, curve, arguments and model digest (and the
     evaluations during training, with --eval-every)."""
     row = {"seed": summary["seed"], "policy": summary["policy"], "eval": summary["eval"],
-           "wall_seconds": wall_seconds,
-           "compile_seconds": summary["compile_seconds"], "sps": summary["sps"],
+           "wall_seconds": wall_seconds,  # a --load-model run trains nothing: it has no SPS
+           "compile_seconds": summary["compile_seconds"], "sps": summary.get("sps"),
            "peak_gb": peak_gb, "run_dir": run_dir, "curve": learning_curve(run_dir, started),
            "args": summary["args"], "model_sha256": model_digest(run_dir)}
     return row | ({"eval_curve": eval_curve(run_dir)} if summary["args"].get("eval_every") else {})
