@@ -1,7 +1,12 @@
 """Put the repository root on sys.path, so that tests import the scripts as modules, and give JAX's
 CPU backend two devices whatever the machine, so the data-parallel paths always run. The suite runs
 on two pytest-xdist workers (pyproject.toml); the files whose runs share compiled programs run on
-one."""
+one.
+
+Where a test goes: test_<script>.py tests the script's functions in the order of its sections;
+test_<script>_run.py runs the script as a user runs it (what a run leaves, bad input, model files,
+signals, resume); test_<dir>_<module>.py tests a shared module (utils/training.py's run paths
+through tests/tiny_pg.py, the minimal script that keeps the contract)."""
 
 import os
 import sys
@@ -32,7 +37,7 @@ startup.configure_compilation_cache(ppo.Args.jax_cache_dir)
 # the other, not compiled twice at once.
 SHARED_PROGRAMS = {
     # the session's tiny run; the signal tests' run is the resume tests' one
-    "ppo_breakout runs": ["test_scripts.py", "test_scripts_resume.py", "test_utils_startup.py",
+    "ppo_breakout runs": ["test_ppo_breakout_run.py", "test_utils_startup.py",
                           "test_benchmarks_plot_curves.py", "test_benchmarks_results_table.py"],
     # tune's tiny PQN run is the search's PQN defaults trial
     "harness runs": ["test_benchmarks_tune.py", "test_benchmarks_search.py"],
@@ -67,7 +72,7 @@ def cache_only_slow_compiles():
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """One tiny training run of the script, shared by the tests that read what it leaves (in
-    test_scripts.py, test_utils_startup.py, test_benchmarks_plot_curves.py and
+    test_ppo_breakout_run.py, test_utils_startup.py, test_benchmarks_plot_curves.py and
     test_benchmarks_results_table.py); it also evaluates after its first iteration."""
     path = tmp_path_factory.mktemp("tiny")
     result = run_in_process(path, *TINY, "--eval-every", "1")

@@ -2,7 +2,7 @@
 they must; the log-space losses are rlax's; the reference is exact far beyond float64 and its
 hand-derived gradient is autodiff's; the published conclusions hold; each figure draws each method
 under its own name; the docs page shows the committed numbers; check_args names the flag at its
-boundaries. The script run the way a user runs it: test_scripts.py."""
+boundaries. The script run the way a user runs it: test_loss_stability_run.py."""
 
 import csv
 import dataclasses

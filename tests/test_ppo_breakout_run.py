@@ -1,12 +1,16 @@
-"""The scripts run the way a user runs them, in this process or as a subprocess with tiny flags:
-ppo_breakout.py (what a run leaves, learning, every game, model files played back, bad input, a
-non-finite loss, signals) and loss_stability.py. Resuming ppo_breakout.py:
-test_scripts_resume.py."""
+"""ppo_breakout.py run the way a user runs it, in this process or as a subprocess with tiny flags:
+what a run leaves, learning, every game, model files played back, bad input, a non-finite loss,
+signals; and --resume: a run stopped by a signal, kill -9 or a kill in the middle of writing a
+checkpoint, then resumed, ends as the run that was never interrupted, to the last bit; a checkpoint
+that cannot be resumed is refused with one line, and nothing is overwritten. The script's functions:
+test_ppo_breakout.py."""
 
-import csv
+import contextlib
 import glob
+import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,14 +24,15 @@ import safetensors.numpy
 import tyro
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.compat.proto.event_pb2 import SessionLog
 
-import loss_stability as ls
 import ppo_breakout as ppo
 from helpers import (
     GAMES,
     ROOT,
     SCRIPT,
     TINY,
+    logged_events,
     network_args,
     only_run_dir,
     read_scalars,
@@ -36,7 +41,7 @@ from helpers import (
     run_script,
     tiny_network_params,
 )
-from utils import evaluation, files
+from utils import checkpoint, evaluation, files
 from utils import model as model_file
 from utils.evaluation import evaluate
 
@@ -425,8 +430,8 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_finite_parameters(tm
 
 @pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_ends_the_run_cleanly_after_the_current_iteration(signum, status, tmp_path):
-    # 64 iterations, far longer than the test waits: test_scripts_resume.py's runs, whose programs
-    # the compilation cache holds once either file has run
+    # 64 iterations, far longer than the test waits: the resume tests' runs (below), whose programs
+    # the compilation cache holds once either has run
     total = 2048 * 64
     process = subprocess.Popen([sys.executable, SCRIPT, *TINY, "--total-timesteps", str(total)],
                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -450,147 +455,223 @@ def test_a_signal_ends_the_run_cleanly_after_the_current_iteration(signum, statu
 
 
 # --------------------------------------------------------------------------------------------------
-# loss_stability.py (float64 beside float32, as in tests/test_loss_stability.py)
+# ppo_breakout.py --resume: a run stopped, killed, or killed while writing a checkpoint
 # --------------------------------------------------------------------------------------------------
-FIGURES = ["gradient_sweep.png", "loss_sweep.png", "safe_zone_ulps.png"]
-OUTPUT_FILES = sorted(FIGURES + ["summary.json", "sweep_large.csv", "sweep_safe.csv"])
+# 64 iterations of 2048 steps, a checkpoint every 8: long enough to be killed in the middle.
+ITERATIONS, EVERY = 64, 8
+FLAGS = ["--total-timesteps", str(ITERATIONS * 2048), "--num-envs", "16", "--num-steps", "128",
+         "--num-minibatches", "4", "--update-epochs", "1", "--eval-episodes", "8", "--seed", "5",
+         "--checkpoint-every", str(EVERY)]
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
-def run_loss_study(*flags):
-    command = [sys.executable, "loss_stability.py", *flags]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+def main_in_process(cwd, *flags) -> tuple[int, list[str]]:
+    """ppo_breakout.main() run in `cwd` as `python ppo_breakout.py FLAGS`: its exit status and
+    stderr lines."""
+    old_cwd, old_argv, err = os.getcwd(), sys.argv, io.StringIO()
+    try:
+        os.chdir(cwd)
+        sys.argv = ["ppo_breakout.py", *flags]
+        with pytest.raises(SystemExit) as exit_, contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(err):
+            ppo.main()
+    finally:
+        os.chdir(old_cwd)
+        sys.argv = old_argv
+    return exit_.value.code, err.getvalue().strip().splitlines()
 
 
-def png_size(path):
-    """(width, height) from a PNG's header."""
-    data = path.read_bytes()
-    assert data.startswith(b"\x89PNG")
-    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+def start_script(cwd) -> subprocess.Popen:
+    command = [sys.executable, os.path.join(ROOT, "ppo_breakout.py"), *FLAGS]
+    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV)
 
 
-@pytest.mark.usefixtures("float64_available")
-def test_main_writes_what_its_summary_says(tmp_path, monkeypatch, capsys):
-    # In-process (so that coverage and mutation tools see it), on the smallest grid the script
-    # accepts.
-    out_dir = tmp_path / "out"
-    out_dir.mkdir()  # rerunning into an existing directory is how the docs' copies are regenerated
-    monkeypatch.setattr(sys, "argv", ["loss_stability.py", "--out-dir", str(out_dir),
-                                      "--num-points", str(ls.MIN_POINTS)])
-    y_labels, save_figure = {}, ls.save_figure
-    monkeypatch.setattr(ls, "save_figure", lambda fig, path: (
-        y_labels.update({os.path.basename(path): fig.get_supylabel()}), save_figure(fig, path)))
-    with jax.enable_x64(False):  # as a user's process starts: main() must turn float64 on itself
-        ls.main()
-    assert sorted(os.listdir(out_dir)) == OUTPUT_FILES and not ls.plt.get_fignums()
-    for figure in FIGURES:
-        assert png_size(out_dir / figure) == (1200, 1350)  # 12 x 13.5 inches at 100 dpi
-    # Each figure's axis says what it plots.
-    assert "relative error of the loss" in y_labels["loss_sweep.png"]
-    assert ("gradient error" in y_labels["gradient_sweep.png"]
-            and "ulps" in y_labels["safe_zone_ulps.png"])
-    summary = json.loads((out_dir / "summary.json").read_text())
-    assert summary["args"]["num_points"] == ls.MIN_POINTS
-    out = capsys.readouterr().out
-    assert (out.startswith("\n\n".join(ls.format_tables(summary)))
-            and out.endswith(f"to {out_dir}\n"))
 
-    # The summary: each dtype computed in its own precision, checked against its own float format.
-    for dtype in ls.DTYPES:
-        name = np.dtype(dtype).name
-        assert summary["exp_flushes_subnormals"][name] == ls.exp_flushes_subnormals(dtype)
-        predicted = ls.predicted_breaks(dtype, 0.99, ls.exp_flushes_subnormals(dtype))
-        for method, t in summary["thresholds"][name].items():
-            assert (t["matches_prediction"]
-                    and t["predicted"] == json.loads(json.dumps(predicted[method])))
-        safe = summary["safe_zone_ulp_error"][name]
-        errors = [s["max_abs_loss_error"] for s in safe.values()]
-        assert ((1e-9 < min(errors) and max(errors) < 1e-5) if name == "float32"
-                else max(errors) < 1e-13)
-
-        assert set(summary["log_space_paired_not_worse"][name]) == {
-            "sweep 1 loss", "sweep 1 gradient", "sweep 2 loss (ulps)", "sweep 2 gradient"
-        }
-    for sweep, (low, high) in [("sweep 1", (-1000, 1000)), ("sweep 2", (-20, 20))]:
-        assert (summary["windows"][sweep]["edges"]
-                == np.linspace(low, high, ls.NUM_WINDOWS + 1).tolist())
-
-    # The CSVs: one column per dtype, method and quantity, agreeing with what the summary reports.
-    with open(out_dir / "sweep_large.csv") as f:
-        large = list(csv.DictReader(f))
-    with open(out_dir / "sweep_safe.csv") as f:
-        safe = list(csv.DictReader(f))
-    assert len(large) == len(safe) == ls.MIN_POINTS
-    # 6 digits, "nan", "inf"
-    assert all(v == "%.6g" % float(v) for row in large + safe for v in row.values())
-    np.testing.assert_allclose([float(r["m"]) for r in large],
-                               np.linspace(-1000, 1000, ls.MIN_POINTS))
-    np.testing.assert_allclose([float(r["m"]) for r in safe], np.linspace(-20, 20, ls.MIN_POINTS))
-    quantities = {"loss", "loss_rel_error", "grad_error"}
-    assert set(large[0]) == (
-        {"m"} | {f"{name}/reference/loss" for name in ("float32", "float64")}
-        | {f"{name}/{method}/{q}"
-           for name in ("float32", "float64") for method in ls.METHODS for q in quantities})
-    for name in ("float32", "float64"):
-        for method in ls.METHODS:
-
-            def column(rows, q):
-                return np.array([float(r[f"{name}/{method}/{q}"]) for r in rows])
-
-            for q, key in [("loss_rel_error", "loss"), ("grad_error", "grad")]:
-                errors = column(large, q)
-                largest = summary["thresholds"][name][method]["largest_finite_error"][key]
-                np.testing.assert_allclose(errors[np.isfinite(errors)].max(), largest, rtol=1e-5)
-            stats = summary["safe_zone_ulp_error"][name][method]
-            np.testing.assert_allclose(np.abs(column(safe, "ulp_error")).max(), stats["max_abs"],
-                                       rtol=1e-5)
-            np.testing.assert_allclose(column(safe, "grad_error").max(), stats["max_grad_error"],
-                                       rtol=1e-5)
+def checkpoint_iteration(run_dir) -> int:
+    with safetensors.safe_open(os.path.join(run_dir, checkpoint.CHECKPOINT), "numpy") as f:
+        return files.header_value("", f.metadata(), "iteration")
 
 
-@pytest.mark.usefixtures("float64_available")
-def test_script_runs_from_the_shell(tmp_path):
-    out_dir = tmp_path / "out"
-    result = run_loss_study("--out-dir", str(out_dir), "--num-points", str(ls.MIN_POINTS))
-    assert result.returncode == 0, result.stderr
-    assert sorted(os.listdir(out_dir)) == OUTPUT_FILES
-    summary = json.loads((out_dir / "summary.json").read_text())
-    assert result.stdout.startswith("\n\n".join(ls.format_tables(summary)))
+def what_a_run_ends_with(run_dir) -> dict:
+    """Every tensor of model.safetensors and of the last checkpoint (but the seconds of its learning
+    curve) as bytes, every logged scalar but SPS, and the evaluation."""
+    tensors = {}
+    for name in ("model.safetensors", checkpoint.CHECKPOINT):
+        with open(os.path.join(run_dir, name), "rb") as f:
+            tensors |= {f"{name}:{key}": t for key, t in safetensors.numpy.load(f.read()).items()
+                        if key != "history.seconds"}
+    events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    scalars = {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+               for tag in events.Tags()["scalars"] if tag != "charts/SPS"}
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
+    return {"params": {name: (t.dtype, t.shape, t.tobytes()) for name, t in tensors.items()},
+            "scalars": scalars, "eval": summary["eval"], "status": summary["status"]}
 
 
-@pytest.mark.usefixtures("float64_available")
-@pytest.mark.parametrize(
-    "flags, message",
-    [
-        (["--min-logit", "5", "--max-logit", "5"], "must be below --max-logit"),
-        (["--num-points", "0"], "--num-points must be at least 65"),
-        (["--out-dir", "{blocker}/figures"], "is a file, not a directory"),
-        # passes the checks, fails makedirs
-        (["--out-dir", "{tmp}/" + "x" * 300], "File name too long"),
-    ],
-)
-def test_bad_args_exit_2_with_one_error_line_and_write_nothing(tmp_path, monkeypatch, capsys, flags,
-                                                               message):
-    blocker = tmp_path / "blocker"
-    blocker.write_text("a regular file where a directory would have to be")
-    flags = [flag.format(blocker=blocker, tmp=tmp_path) for flag in flags]
-    if "--out-dir" not in flags:
-        flags += ["--out-dir", str(tmp_path / "out")]
-    monkeypatch.setattr(sys, "argv", ["loss_stability.py", *flags])
-    with pytest.raises(SystemExit) as exit_info:
-        ls.main()
-    assert exit_info.value.code == 2
-    captured = capsys.readouterr()
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], captured.err
-    assert sorted(os.listdir(tmp_path)) == ["blocker"] and captured.out == ""
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    path = tmp_path_factory.mktemp("uninterrupted")
+    assert main_in_process(path, *FLAGS) == (0, [])
+    return only_run_dir(path)
 
 
-@pytest.mark.usefixtures("float64_available")
-def test_unwritable_out_dir_exits_2_from_the_shell(tmp_path):
-    blocker = tmp_path / "blocker"
-    blocker.write_text("")
-    result = run_loss_study("--out-dir", str(blocker / "figures"))
-    assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr.strip() == (f"error: --out-dir {blocker}/figures: {blocker} is a file, "
-                                     "not a directory")
+@pytest.fixture(scope="module")
+def interrupted(tmp_path_factory):
+    """A run stopped by SIGTERM as soon as it trains: it ends the iteration, writes a checkpoint."""
+    path = tmp_path_factory.mktemp("interrupted")
+    process = start_script(path)
+    try:
+        assert "logging to" in process.stdout.readline()
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 143, stderr
+    return only_run_dir(path)
 
+
+def resume_copy(run_dir, tmp_path, *flags) -> str:
+    """Resumes a copy of `run_dir` (in tmp_path/runs/) and returns the copy's path."""
+    copy = shutil.copytree(run_dir, tmp_path / "runs" / os.path.basename(run_dir))
+    assert main_in_process(tmp_path, "--resume", str(copy), *flags) == (0, [])
+    return str(copy)
+
+
+def test_a_run_stopped_by_sigterm_resumes_to_the_uninterrupted_run_bit_for_bit(
+        interrupted, uninterrupted, tmp_path):
+    with open(os.path.join(interrupted, "summary.json")) as f:
+        stopped_at = json.load(f)["global_step"]
+    assert 0 < stopped_at < ITERATIONS * 2048
+    assert checkpoint_iteration(interrupted) * 2048 == stopped_at  # where it stopped, not before
+    resumed = resume_copy(interrupted, tmp_path)
+    assert what_a_run_ends_with(resumed) == what_a_run_ends_with(uninterrupted)
+    with open(os.path.join(resumed, "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["resumed_at_step"] == stopped_at and summary["global_step"] == ITERATIONS * 2048
+
+
+def test_a_run_killed_at_any_moment_resumes_from_its_last_checkpoint(uninterrupted, tmp_path):
+    process = start_script(tmp_path)
+    try:
+        for line in process.stdout:  # a progress line every tenth of training
+            if line.startswith("step") and int(line.split()[1].replace(",", "")) > 2 * EVERY * 2048:
+                break
+        process.send_signal(signal.SIGKILL)
+        process.communicate(timeout=60)
+    finally:
+        process.kill()
+    run_dir = only_run_dir(tmp_path)
+    assert not os.path.exists(os.path.join(run_dir, "summary.json"))  # killed before the end
+    resumed_at = checkpoint_iteration(run_dir)
+    assert EVERY <= resumed_at < ITERATIONS
+    # --checkpoint-every may change on resume: it changes no result.
+    assert main_in_process(tmp_path, "--resume", run_dir, "--checkpoint-every", "5") == (0, [])
+    assert what_a_run_ends_with(run_dir) == what_a_run_ends_with(uninterrupted)
+    # TensorBoard is told to drop the killed run's steps after the checkpoint.
+    starts = [e.step for e in logged_events(run_dir) if e.session_log.status == SessionLog.START]
+    assert starts == [resumed_at * 2048 + 1]
+
+
+# Kills the process with SIGKILL when it renames its second checkpoint into place: the temporary
+# file is complete and synced, the rename never happens.
+KILL_IN_SECOND_RENAME = """
+import os, signal
+real_replace, renames = os.replace, []
+def replace(source, target):
+    if target.endswith("checkpoint.safetensors"):
+        renames.append(target)
+        if len(renames) == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+    return real_replace(source, target)
+os.replace = replace
+"""
+
+
+def test_a_kill_in_the_middle_of_writing_a_checkpoint_resumes_from_the_one_before(uninterrupted,
+                                                                                   tmp_path):
+    script = os.path.join(ROOT, "ppo_breakout.py")
+    run_killed = f"import runpy, sys\nsys.path.insert(0, {ROOT!r})\nsys.argv = sys.argv[1:]\n" \
+                 f"{KILL_IN_SECOND_RENAME}\nrunpy.run_path({script!r}, run_name='__main__')"
+    process = subprocess.run([sys.executable, "-c", run_killed, script, *FLAGS], cwd=tmp_path,
+                             capture_output=True, text=True, env=ENV, timeout=300)
+    assert process.returncode == -signal.SIGKILL, process.stderr
+    run_dir = only_run_dir(tmp_path)
+    left = [name for name in os.listdir(run_dir) if name.endswith(".tmp")]
+    assert len(left) == 1  # the checkpoint being written when the process died, not yet renamed
+    assert os.path.getsize(os.path.join(run_dir, left[0])) > 0
+    assert checkpoint_iteration(run_dir) == EVERY  # the first checkpoint, whole
+    assert main_in_process(tmp_path, "--resume", run_dir) == (0, [])
+    assert what_a_run_ends_with(run_dir) == what_a_run_ends_with(uninterrupted)
+    assert not [name for name in os.listdir(run_dir) if name.endswith(".tmp")]  # cleaned up
+
+
+def rewrite_header(path: str, **values) -> None:
+    tensors, header = files.read_safetensors(path, "")
+    safetensors.numpy.save_file(tensors, path, header | values)
+
+
+def damage(run_dir: str, case: str) -> None:
+    """Damages a run directory's checkpoint the way `case` says."""
+    path = os.path.join(run_dir, checkpoint.CHECKPOINT)
+    if case == "truncated":
+        with open(path, "rb") as f:
+            data = f.read()
+        with open(path, "wb") as f:
+            f.write(data[: len(data) // 2])
+    elif case == "no checkpoint":
+        os.remove(path)
+    elif case == "garbled arguments":
+        rewrite_header(path, args='{"seed": 5,')
+    elif case == "another version":
+        rewrite_header(path, code=json.dumps("0" * 64))
+    elif case == "another network":  # the arguments say 32 units; the tensors hold 64
+        _, header = files.read_safetensors(path, "")
+        args = json.loads(header["args"]) | {"hidden_sizes": [32, 32]}
+        rewrite_header(path, args=json.dumps(args))
+    elif case == "no key":
+        tensors, header = files.read_safetensors(path, "")
+        del tensors["runner.key"]
+        safetensors.numpy.save_file(tensors, path, header)
+
+
+BAD_RESUMES = [
+    ("completed", [], "that run completed; nothing to resume"),
+    ("missing", [], "no such run directory"),
+    ("no checkpoint", [], "has no checkpoint.safetensors"),
+    ("truncated", [], "is not a readable safetensors file"),
+    ("garbled arguments", [], "the header's args is not valid JSON"),
+    ("another version", [], "was written by another version of ppo_breakout.py or utils/"),
+    ("another network", [],
+     "does not hold runner.train_state.params['policy']['w'] as float32[64, 3]"),
+    ("no key", [], "does not hold runner.key"),
+    ("other widths", ["--hidden-sizes", "32", "32"],
+     "was run with --hidden-sizes 64 64, not 32 32"),
+    ("other steps", ["--total-timesteps=1000000"],
+     "was run with --total-timesteps 131072, not 1000000"),
+    ("a model too", ["--load-model", "x.safetensors"],
+     "--resume continues training and --load-model only evaluates"),
+    ("negative interval", ["--checkpoint-every", "-1"],
+     "--checkpoint-every must be 0 (never) or positive"),
+]
+
+
+@pytest.mark.parametrize("case, flags, message", BAD_RESUMES, ids=[c for c, _, _ in BAD_RESUMES])
+def test_a_run_that_cannot_be_resumed_is_refused_with_one_line_and_nothing_changes(
+        case, flags, message, interrupted, uninterrupted, tmp_path):
+    source = uninterrupted if case == "completed" else interrupted
+    run_dir = shutil.copytree(source, tmp_path / "run")
+    damage(str(run_dir), case)
+    if case == "missing":
+        shutil.rmtree(run_dir)
+
+    def contents() -> dict:
+        files = glob.glob(f"{tmp_path}/**", recursive=True)
+        return {path: open(path, "rb").read() for path in files if os.path.isfile(path)}
+    before = contents()
+    status, err = main_in_process(tmp_path, "--resume", str(run_dir), *flags)
+    assert status == 2
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
+    assert contents() == before

@@ -1,6 +1,6 @@
 """Tests of utils/checkpoint.py: a state with a typed key round-trips bit for bit, and what was
 logged before a checkpoint is on disk once the checkpoint is. The script resumed from its
-checkpoints: test_scripts_resume.py."""
+checkpoints: test_ppo_breakout_run.py."""
 
 import glob
 import os

@@ -1,5 +1,5 @@
 """Tests of utils/cli.py: the flags a command line gives are found, whichever way they are spelt.
-Every argument check, run as a user meets it: test_scripts.py."""
+Every argument check, run as a user meets it: test_ppo_breakout_run.py."""
 
 import pytest
 

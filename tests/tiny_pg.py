@@ -1,8 +1,8 @@
 """A minimal script that keeps utils/contract.py and nothing more: a linear softmax policy, trained
 by REINFORCE on rollouts of vectorised environments (CartPole by default). It is the contract's test
-(tests/test_utils_contract.py): training, checkpoints and --resume, --load-model, the many-seed
-harness, the search and the results table take it with no edit to a shared file. It does not have
-to learn much.
+(tests/test_utils_training.py, tests/test_utils_contract.py): training, checkpoints and --resume,
+--load-model, the many-seed harness, the search and the results table take it with no edit to a
+shared file. It does not have to learn much.
 
 Run:  python tests/tiny_pg.py --total-timesteps 20000
 """

@@ -1,0 +1,63 @@
+"""Tests of utils/training.py: the run around a script's training loop, taken through a minimal
+script that keeps the contract (tests/tiny_pg.py). It trains with checkpoints, a run stopped by
+SIGTERM resumes to the uninterrupted run bit for bit, and its saved model plays to the training
+run's own evaluation. Each script's own runs, the way a user runs them: test_<script>_run.py."""
+
+import os
+import signal
+
+import safetensors.numpy
+
+import tiny_pg
+from helpers import only_run_dir, read_summary, run_main
+from utils import checkpoint, training
+
+TINY = ["--total-timesteps", "2048", "--num-envs", "4", "--num-steps", "64", "--eval-episodes",
+        "4", "--checkpoint-every", "2"]
+
+
+def ends_with(run_dir) -> dict:
+    """The model's and the last checkpoint's tensors (but the learning curve's seconds), and the
+    evaluation."""
+    tensors = {}
+    for name in ("model.safetensors", checkpoint.CHECKPOINT):
+        loaded = safetensors.numpy.load_file(os.path.join(run_dir, name))
+        tensors |= {f"{name}:{key}": t.tobytes() for key, t in loaded.items()
+                    if key != "history.seconds"}
+    return {"tensors": tensors, "eval": read_summary(run_dir)["eval"]}
+
+
+def test_training_checkpoints_resume_and_load_model(tmp_path, monkeypatch):
+    (tmp_path / "whole").mkdir()
+    whole = run_main(tiny_pg, tmp_path / "whole", *TINY)
+    assert whole.returncode == 0, whole.stderr
+    whole_dir = only_run_dir(tmp_path / "whole")
+    summary = read_summary(whole_dir)
+    assert summary["status"] == "completed" and summary["global_step"] == 2048
+    assert summary["policy"] == "sampled" and summary["eval"]["sampled"]["mean"] > 0
+
+    # Stopped by SIGTERM after its third iteration (one past a checkpoint), then resumed.
+    end_iteration = training.Run.end_iteration
+
+    def signal_after_third(run, iteration, state):
+        end_iteration(run, iteration, state)
+        if iteration == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    (tmp_path / "stopped").mkdir()
+    with monkeypatch.context() as patch:
+        patch.setattr(training.Run, "end_iteration", signal_after_third)
+        stopped = run_main(tiny_pg, tmp_path / "stopped", *TINY)
+    assert stopped.returncode == 143, stopped.stderr
+    run_dir = only_run_dir(tmp_path / "stopped")
+    assert read_summary(run_dir)["global_step"] == 3 * 256
+    resumed = run_main(tiny_pg, tmp_path / "stopped", "--resume", run_dir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert ends_with(run_dir) == ends_with(whole_dir)
+
+    # The saved model plays to the training run's own evaluation.
+    (tmp_path / "load").mkdir()
+    model = os.path.join(whole_dir, "model.safetensors")
+    loaded = run_main(tiny_pg, tmp_path / "load", "--load-model", model, "--eval-episodes", "4")
+    assert loaded.returncode == 0, loaded.stderr
+    assert read_summary(only_run_dir(tmp_path / "load"))["eval"] == summary["eval"]
