@@ -135,7 +135,9 @@ def print_table(table: dict) -> None:
     print("| seed | sampled | greedy | sampled, sticky 0.1 | greedy, sticky 0.1 | wall s "
           "| compile s | train SPS |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    rows = [{**row, "peak_gb": row["peak_gb"] or float("nan")} for row in rows]  # --collect's
+    # --collect's rows have no peak memory, and --load-model's no SPS
+    rows = [{**row, "peak_gb": row["peak_gb"] or float("nan"), "sps": row["sps"] or float("nan")}
+            for row in rows]
     cell = lambda e: f"{e['mean']:.2f} ± {e['std']:.2f}"  # noqa: E731
     for row in rows:
         e = row["eval"]
