@@ -31,7 +31,7 @@ benchmarks/purejaxql_requirements.txt), from the repository root:
 
     python benchmarks/pqn_speed.py --purejaxql ../purejaxql \\
         --python ../venv-purejaxql/bin/python --total-timesteps 2000000 --rounds 3 \\
-        --out benchmarks/results/pqn_speed.json
+        --out benchmarks/results/pqn_minatar/speed/pqn_speed.json
 """
 
 import dataclasses
