@@ -102,7 +102,7 @@ def compare(baseline: list[np.ndarray], candidate: list[np.ndarray]) -> dict:
 
 def main() -> None:
     args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
-    with open(os.path.join(RESULTS, "games", "random_scores.json")) as f:
+    with open(os.path.join(RESULTS, "shared", "random_scores.json")) as f:
         random = json.load(f)["random_returns"]
     table = {}
     base = load(args.results_dir, args.baseline, args.steps) if args.baseline else None

@@ -13,7 +13,8 @@ machine with every core busy training is at most what that write takes from trai
 The update is split over NUM_DEVICES (2) devices, the scripts' default; the report records the
 count it ran on.
 
-Run:  python benchmarks/checkpoint_cost.py --pairs 40 --out benchmarks/results/checkpoint_cost.json
+Run:  python benchmarks/checkpoint_cost.py --pairs 40 \\
+          --out benchmarks/results/shared/checkpoint_cost.json
       python benchmarks/checkpoint_cost.py --script pqn_minatar --script-args="--num-envs 256"
 """
 

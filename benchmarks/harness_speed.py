@@ -7,7 +7,8 @@ peak memory (resident set) read from the OS. All share one fresh compilation cac
 compiles (cold), the later ones find the programs there (warm). Alternating the commands in every
 round spreads a busy machine's slow spells over all of them, so their ratios are what to read.
 
-Run:  python benchmarks/harness_speed.py --rounds 3 --out benchmarks/results/harness_speed.json
+Run:  python benchmarks/harness_speed.py --rounds 3 \\
+          --out benchmarks/results/shared/harness_speed.json
 """
 
 import dataclasses

@@ -317,7 +317,7 @@ def results_table(table: dict) -> str:
 def games_table(table: dict) -> str:
     """Settings over the five games: the normalised IQM over games x seeds, its paired difference
     from the first setting, and each game's mean return under both protocols."""
-    random = load("games/random_scores.json")["random_returns"]
+    random = load("shared/random_scores.json")["random_returns"]
     runs = {row["setting"]: aggregate.load(os.path.join(ROOT, RESULTS, table["folder"]),
                                            row["setting"], table["steps"]) for row in table["rows"]}
     base = runs[table["rows"][0]["setting"]]

@@ -3,7 +3,7 @@
 These are the zero points of the normalised score that benchmarks/aggregate.py takes across games:
 (return - random) / (published PPO - random).
 
-Run:  python benchmarks/random_scores.py --out benchmarks/results/random_scores.json
+Run:  python benchmarks/random_scores.py --out benchmarks/results/shared/random_scores.json
 """
 
 import dataclasses

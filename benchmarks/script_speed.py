@@ -15,7 +15,7 @@ training and evaluation seconds and sampled return. Versions:
     python benchmarks/script_speed.py --base fc64c6e --rounds 5 --variant=--no-diagnostics \\
         --out benchmarks/results/script_speed.json
     python benchmarks/script_speed.py --flags="--seed 1 --exp-name speed" --rounds 3 \\
-        --cores-devices 0:1 0,1:1 0,1:2 0,1:4 --out benchmarks/results/device_speed.json
+        --cores-devices 0:1 0,1:1 0,1:2 0,1:4 --out benchmarks/results/shared/device_speed.json
 """
 
 import dataclasses
