@@ -7,7 +7,8 @@ the published PPO number, then the interquartile mean (IQM) over games x seeds, 
 are resampled within each game (scipy.stats.bootstrap with one sample per game). A comparison
 against a baseline pairs the seeds within each game.
 
-Reads the harness results benchmarks/results/screen/{setting}__{game}__{steps}.json.
+Reads the harness results
+benchmarks/results/ppo_breakout/tuning/screen/{setting}__{game}__{steps}.json.
 
 Run:  python benchmarks/aggregate.py --steps 1000000 --settings defaults sticky --out aggregate.json
 """
@@ -43,7 +44,7 @@ class Args:
     """the training budget of the results"""
     baseline: str = "defaults"
     """the setting the others are compared with, seed by seed ("" for none)"""
-    results_dir: str = os.path.join(RESULTS, "screen")
+    results_dir: str = os.path.join(RESULTS, "ppo_breakout", "tuning", "screen")
     """where the harness results are"""
     out: str = ""
     """write the JSON to this file"""

@@ -11,8 +11,10 @@ from benchmarks.make_tables import ROOT, load, seed_range
 
 FIGURES = os.path.join("docs", "figures", "tuning")
 SCRIPT_FIGURES = os.path.join("docs", "figures", "ppo_breakout")
-CONFIRMATION = ("confirmation/defaults.json", "confirmation/best.json")
-BREAKOUT_BUDGETS = ("conv/conv8__Breakout__10000000.json", "conv/conv8__Breakout__20000000.json")
+CONFIRMATION = ("ppo_breakout/tuning/confirmation/defaults.json",
+                "ppo_breakout/tuning/confirmation/best.json")
+BREAKOUT_BUDGETS = ("ppo_breakout/games/conv8__Breakout__10000000.json",
+                    "ppo_breakout/games/conv8__Breakout__20000000.json")
 RATIO_SETTINGS = [("defaults", "defaults"), ("ent_coef_0", "no entropy bonus"),
                   ("learning_rate_0.02", "learning rate 0.02 (4x)"),
                   ("total_timesteps_5M", "5M steps (5x)")]
@@ -30,7 +32,7 @@ def search_figure() -> None:
     """docs/figures/tuning/search.png: the trials' scores, the curves the pruner saw, the
     importances."""
     plt = _pyplot()
-    report = load("search.json")
+    report = load("ppo_breakout/tuning/search/search.json")
     fig, (ax_value, ax_curve, ax_importance) = plt.subplots(1, 3, figsize=(16, 4.5))
     best_so_far, best = [], -np.inf
     for t in report["trials"]:
@@ -127,7 +129,7 @@ def ratio_figure() -> None:
     legend = set()  # each entry once per panel
     for i, (name, label) in enumerate(RATIO_SETTINGS):
         for offset, ratio, color in ((-0.15, "log", "C0"), (0.15, "direct", "C3")):
-            result = load(f"ratio/{name}_{ratio}.json")
+            result = load(f"ppo_breakout/loss_stability/{name}_{ratio}.json")
             jitter = np.linspace(-0.08, 0.08, len(result["seeds"]))
             non_finite = np.array(result["stability"]["non_finite"])
             panels = ((ax_return, result["eval_returns"]),

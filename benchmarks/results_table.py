@@ -11,7 +11,8 @@ directories of the script (runs started by hand) instead of running it.
 Run:  python benchmarks/results_table.py --seeds 1 2 3 4 5 --num-devices 2 --out results.json
       python benchmarks/results_table.py --script-args="--update-epochs 3"   # other settings
       python benchmarks/results_table.py --script pqn_minatar --total-timesteps 10000000
-      python benchmarks/results_table.py --from-json benchmarks/results/readme_table.json
+      python benchmarks/results_table.py \\
+          --from-json benchmarks/results/ppo_breakout/tuning/earlier_defaults/readme_table.json
       python benchmarks/results_table.py --script pqn_minatar --collect runs/A runs/B --out r.json
 """
 

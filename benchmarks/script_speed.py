@@ -13,7 +13,7 @@ training and evaluation seconds and sampled return. Versions:
   as 0 or 0,1), with DEVICES devices for JAX's CPU backend and `--num-devices DEVICES`.
 
     python benchmarks/script_speed.py --base fc64c6e --rounds 5 --variant=--no-diagnostics \\
-        --out benchmarks/results/script_speed.json
+        --out benchmarks/results/ppo_breakout/speed/script_speed.json
     python benchmarks/script_speed.py --flags="--seed 1 --exp-name speed" --rounds 3 \\
         --cores-devices 0:1 0,1:1 0,1:2 0,1:4 --out benchmarks/results/shared/device_speed.json
 """

@@ -15,7 +15,8 @@ through a database server (--storage postgresql://user:pass@host:5432/db). They 
 the study is exported as JSON: every trial, the best ones with bootstrap intervals, the parameter
 importances, and the harness flags of the best trial (to confirm it on fresh seeds).
 
-Run:  python benchmarks/search.py --n-trials 30 --num-seeds 8 --out benchmarks/results/search.json
+Run:  python benchmarks/search.py --n-trials 30 --num-seeds 8 \\
+          --out benchmarks/results/ppo_breakout/tuning/search/search.json
       python benchmarks/search.py --script pqn_minatar --n-trials 30 --storage runs/search_pqn.db
 Docs: docs/tuning.md
 """

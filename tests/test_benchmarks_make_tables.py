@@ -82,8 +82,8 @@ def test_every_evidence_row_changes_the_one_argument_its_file_names():
         result = make_tables.load(row["file"])
         (name, value), = result["changed_args"].items()
         shown = "_".join(map(str, value if isinstance(value, list) else [value]))
-        assert row["file"] == f"evidence/{name}_{shown}.json"
-        assert row["base"] == "evidence/defaults.json"
+        assert row["file"] == f"ppo_breakout/tuning/evidence/{name}_{shown}.json"
+        assert row["base"] == "ppo_breakout/tuning/evidence/defaults.json"
 
 
 def test_commands_are_rendered_from_the_arguments_the_result_recorded():
@@ -147,12 +147,12 @@ def recorded_args_differing_from_todays(script_name: str, module, args: dict,
 
 def test_the_readmes_results_ran_with_todays_defaults():
     """Were a default changed, the README's numbers would no longer be what the script gives: rerun
-    them (benchmarks/results/games/readme_*_1M.json and the collection's PQN seeds, commands in the
-    README and docs/pqn_minatar.md) or keep the default."""
+    them (benchmarks/results/ppo_breakout/games/readme_*_1M.json and the collection's PQN seeds,
+    commands in the README and docs/pqn_minatar.md) or keep the default."""
     import ppo_breakout
     import pqn_minatar
     for game in ("Asterix", "Breakout", "Freeway", "SpaceInvaders", "Seaquest"):
-        for row in make_tables.load(f"games/readme_{game}_1M.json")["rows"]:
+        for row in make_tables.load(f"ppo_breakout/games/readme_{game}_1M.json")["rows"]:
             assert recorded_args_differing_from_todays(
                 "ppo_breakout.py", ppo_breakout, row["args"]) == [], (game, row["seed"])
     (collection,) = [t for t in make_tables.manifest()["table"] if t["id"] == "readme-collection"]
