@@ -71,3 +71,24 @@ def test_collect_makes_the_rows_of_finished_runs_and_their_commands(tmp_path, ti
     refused = run_table(tmp_path, "--collect", str(stopped), "--out", str(tmp_path / "no.json"))
     assert refused.returncode == 2 and "did not complete" in refused.stderr
     assert not (tmp_path / "no.json").exists()
+
+
+def test_a_load_model_run_makes_a_row_without_training_speed(tmp_path, tiny_run):
+    # A --load-model run trains nothing: its summary has no SPS and its row says so (None), where
+    # the table used to end in a KeyError.
+    import json
+    import shutil
+
+    _, run_dir = tiny_run
+    played = tmp_path / "played"
+    shutil.copytree(run_dir, played)
+    summary = json.loads((played / "summary.json").read_text())
+    del summary["sps"]
+    summary["load_model"] = os.path.join(run_dir, "model.safetensors")
+    (played / "summary.json").write_text(json.dumps(summary))
+    out = tmp_path / "played.json"
+    result = run_table(tmp_path, "--collect", str(played), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["sps"] is None and row["eval"] == summary["eval"]
+    assert "| nan |" in result.stdout
