@@ -6,6 +6,8 @@ run's own evaluation. Each script's own runs, the way a user runs them: test_<sc
 import os
 import signal
 
+import numpy as np
+import pytest
 import safetensors.numpy
 
 import tiny_pg
@@ -61,3 +63,50 @@ def test_training_checkpoints_resume_and_load_model(tmp_path, monkeypatch):
     loaded = run_main(tiny_pg, tmp_path / "load", "--load-model", model, "--eval-episodes", "4")
     assert loaded.returncode == 0, loaded.stderr
     assert read_summary(only_run_dir(tmp_path / "load"))["eval"] == summary["eval"]
+
+
+def bad_header_values(script) -> list[tuple[str, object]]:
+    """For each field of the script's NETWORK_ARGS, a value of the wrong type or outside its
+    choices, as a damaged or foreign model file's header could hold."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(script.Args)
+    bad = []
+    for name in script.NETWORK_ARGS:
+        default = {f.name: f.default for f in dataclasses.fields(script.Args)}[name]
+        if typing.get_origin(hints[name]) is typing.Literal:
+            bad.append((name, "bogus"))
+        elif isinstance(default, bool):
+            bad += [(name, 1), (name, "yes")]
+        elif isinstance(default, int):
+            bad += [(name, True), (name, "16"), (name, -1)]
+        elif isinstance(default, tuple):
+            bad += [(name, [64.5]), (name, "64"), (name, [0])]
+        else:
+            bad.append((name, "Bogus-v0"))
+    return bad
+
+
+SCRIPTS = ["ppo_breakout", "pqn_minatar", "dqn_minatar"]
+
+
+@pytest.mark.parametrize("script_name", SCRIPTS)
+def test_a_model_header_value_outside_the_scripts_choices_is_refused(script_name, tmp_path):
+    # Each header field is checked against the script's Args (type, choices, and the script's own
+    # checks) before anything is built: one error line, exit 2, and no run directory.
+    import importlib
+
+    from utils import cli, model
+
+    script = importlib.import_module(script_name)
+    good = {name: getattr(script.Args(), name) for name in script.NETWORK_ARGS}
+    for name, value in bad_header_values(script):
+        path = str(tmp_path / "model.safetensors")
+        model.save_model(path, {"w": {"b": np.zeros(1, np.float32)}}, good | {name: value}, {})
+        result = run_main(script, tmp_path, "--load-model", path)
+        err = result.stderr.strip().splitlines()
+        assert result.returncode == 2, (name, value, result.stderr[-300:])
+        assert len(err) == 1 and err[0].startswith("error: "), (name, value, err)
+        assert not (tmp_path / "runs").exists()
+        assert cli.flag(name) in err[0], err  # the line names the field

@@ -13,7 +13,9 @@ import re
 import signal
 import sys
 import time
+import typing
 from collections.abc import Callable
+from typing import Literal
 
 import tyro
 
@@ -41,14 +43,23 @@ def adopt(args, saved: dict, given: set[str], source: str,
     """Sets each field of `args` named in `saved` to its saved (JSON) value, keeping the fields in
     `may_change` that the command line gives; returns an error if it gives another one a different
     value. `source` names what was saved ("runs/x was run with ...")."""
+    hints = typing.get_type_hints(type(args))
     for name, value in saved.items():
         if name in given and name in may_change:
             continue
         current = getattr(args, name)
         if isinstance(value, list) and all(type(v) is int for v in value):  # JSON has no tuples
             value = tuple(value)
-        if not (isinstance(value, type(current)) or type(current) is float and type(value) is int):
+        # The field's own type (a bool is no int, an int may be a float), and its choices.
+        same_type = isinstance(value, type(current)) and (type(value) is bool) == (
+            type(current) is bool)
+        if not (same_type or type(current) is float and type(value) is int):
             return f"{source} with {flag(name)} {value!r}, which is not a {type(current).__name__}"
+        hint = hints.get(name)
+        choices = typing.get_args(hint) if typing.get_origin(hint) is Literal else ()
+        if choices and value not in choices:
+            return (f"{source} with {flag(name)} {show(value)}, which is none of this script's "
+                    f"choices ({', '.join(map(show, choices))})")
         if name in given and value != current:
             return (f"{source} with {flag(name)} {show(value)}, not {show(current)} (leave the "
                     f"flag out to use the saved value)")
