@@ -442,6 +442,9 @@ def check_args(args: Args) -> str | None:
         unit_interval=("gamma", "q_lambda", "epsilon_start", "epsilon_end", "eval_epsilon"))
     if error:
         return error
+    if args.epsilon_end > args.epsilon_start:
+        return (f"--epsilon-end {args.epsilon_end} is above --epsilon-start {args.epsilon_start}: "
+                "epsilon would rise as training goes")
     if not 0 < args.exploration_fraction <= 1:
         return f"--exploration-fraction must be in (0, 1], got {args.exploration_fraction}"
     if not args.hidden_sizes or min(args.hidden_sizes) <= 0:

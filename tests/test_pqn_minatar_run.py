@@ -93,6 +93,8 @@ BAD_INPUTS = [
     (["--q-lambda", "1.5"], "--q-lambda must be in [0, 1], got 1.5"),
     (["--epsilon-end", "nan"], "--epsilon-end must be in [0, 1], got nan"),
     (["--eval-epsilon", "-0.1"], "--eval-epsilon must be in [0, 1]"),
+    (["--epsilon-start", "0.01", "--epsilon-end", "0.5"],
+     "--epsilon-end 0.5 is above --epsilon-start 0.01: epsilon would rise"),
     (["--exploration-fraction", "0"], "--exploration-fraction must be in (0, 1], got 0.0"),
     (["--learning-rate", "inf"], "--learning-rate must be a positive finite number, got inf"),
     (["--num-minibatches", "7"], "does not divide into --num-minibatches 7"),
