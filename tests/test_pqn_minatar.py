@@ -230,6 +230,34 @@ def test_td_loss_is_half_the_mean_squared_error_of_the_actions_taken():
     np.testing.assert_allclose(loss, 0.5 * np.mean((q_taken - np.asarray(mb.target)) ** 2),
                                rtol=1e-5)
     np.testing.assert_allclose(info["q_values"], q_taken.mean(), rtol=1e-5)
+    # Its gradient is that of the same error with the target held fixed: -(G - Q(o, a)) dQ/dθ
+    # averaged, so nothing flows through the bootstrap (a loss of the same value whose target
+    # moves with the parameters has another gradient).
+    grads = jax.grad(lambda p: pqn.td_loss(p, network, mb)[0])(params)
+
+    def q_taken_of(p):
+        return jnp.take_along_axis(network.apply(p, mb.obs), mb.action[:, None], axis=-1)[:, 0]
+
+    _, pullback = jax.vjp(q_taken_of, params)
+    (fixed,) = pullback(-(mb.target - q_taken_of(params)) / 16)
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(fixed)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_the_greedy_policy_plays_the_best_action_of_a_known_network():
+    # A network whose Q-values are known: zero weights but the head's bias, so Q(o) is the bias
+    # for every observation and the best action is its argmax. Greedy play takes it; epsilon-greedy
+    # at --eval-epsilon 0.05 mostly does (0.05 x 2/3 of its actions are another one).
+    args = pqn.Args(env_id="Breakout-MinAtar")
+    env, env_params = pqn.make_env(args.env_id, args.sticky_action_prob)
+    agent = pqn.make_agent(args, env, env_params)
+    obs = jnp.stack([env.reset(jax.random.key(i), env_params)[0] for i in range(64)])
+    params = jax.tree.map(jnp.zeros_like, agent.network.init(jax.random.key(0), obs))
+    params["q"]["b"] = jnp.array([0.1, 0.7, -0.4])
+    greedy = jax.jit(agent.act)(params, obs, jax.random.key(2), True)
+    assert (np.asarray(greedy) == 1).all()
+    sampled = np.asarray(jax.jit(agent.act)(params, obs.repeat(32, 0), jax.random.key(3), False))
+    assert 0.9 < (sampled == 1).mean() < 1
 
 
 def test_data_parallel_epoch_equals_the_single_device_epoch_on_the_whole_minibatch():
