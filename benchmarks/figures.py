@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from benchmarks import stats
-from benchmarks.make_tables import ROOT, load, seed_range
+from benchmarks.result_files import ROOT, load, seed_range
 
 FIGURES = os.path.join("docs", "figures", "tuning")
 SCRIPT_FIGURES = os.path.join("docs", "figures", "ppo_breakout")

@@ -16,7 +16,6 @@ import dataclasses
 import functools
 import glob
 import importlib
-import json
 import os
 import re
 import shlex
@@ -30,9 +29,9 @@ import tyro
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from benchmarks import aggregate, stats  # noqa: E402
+from benchmarks.result_files import RESULTS, load, seed_range  # noqa: E402
 from utils import contract, files  # noqa: E402
 
-RESULTS = os.path.join("benchmarks", "results")
 MANIFEST = os.path.join("benchmarks", "tables.toml")
 # The pages with tables: the README, every page in docs/ (one per script, and more), models/'s.
 DOCS = ("README.md", *sorted(glob.glob("*.md", root_dir=os.path.join(ROOT, "docs"))),
@@ -55,11 +54,6 @@ class Args:
 def manifest() -> dict:
     with open(os.path.join(ROOT, MANIFEST), "rb") as f:
         return tomllib.load(f)
-
-
-def load(path: str) -> dict:
-    with open(os.path.join(ROOT, RESULTS, path)) as f:
-        return json.load(f)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -195,12 +189,6 @@ def ci(x: dict, fmt: str = "{:.1f}") -> str:
     if x["ci"] is None:  # one seed
         return fmt.format(x["value"])
     return f"{fmt.format(x['value'])} [{fmt.format(x['ci'][0])}, {fmt.format(x['ci'][1])}]"
-
-
-def seed_range(seeds: list[int]) -> str:
-    if len(seeds) > 1 and seeds == list(range(seeds[0], seeds[-1] + 1)):
-        return f"{seeds[0]}-{seeds[-1]}"
-    return ", ".join(map(str, seeds))
 
 
 def game(r: dict) -> str:

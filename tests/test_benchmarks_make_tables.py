@@ -198,9 +198,3 @@ def test_reach_is_the_first_evaluation_at_or_above_the_baselines_mean():
     assert make_tables.reach(r, b, "m") == "not by 3.0M"
     r["eval_curves"] *= 2  # one entry per seed
     assert make_tables.reach(r, b, "g") == "2.0M steps, 200 s; 2.0M steps, 200 s"
-
-
-def test_seeds_render_as_a_range_a_list_or_one_seed():
-    assert make_tables.seed_range([1, 2, 3]) == "1-3"
-    assert make_tables.seed_range([1, 3]) == "1, 3"
-    assert make_tables.seed_range([2]) == "2"
