@@ -10,8 +10,8 @@ read. It also times each checkpoint: the main thread's time in Checkpointer.save
 included), and the CPU time of the background write (serializing, writing and syncing), which on a
 machine with every core busy training is at most what that write takes from training.
 
-The update is split over NUM_DEVICES (2) devices, the scripts' default; the report records the
-count it ran on.
+The update runs on the script's default device count: NUM_DEVICES (2) for a script that splits
+its work over them, one for a script that runs on one device; the report records the count.
 
 Run:  python benchmarks/checkpoint_cost.py --pairs 40 \\
           --out benchmarks/results/shared/checkpoint_cost.json
@@ -70,9 +70,10 @@ def main() -> None:
     if error:
         common.fail(error)
     common.check_out(bench.out)
-    # The script's settings on NUM_DEVICES devices, long enough for every block.
+    # The script's settings and its default device count (NUM_DEVICES where it splits its work;
+    # a one-device script, DQN, its one), long enough for every block.
     script = tune.load_script(bench.script)
-    flags = ["--num-devices", str(NUM_DEVICES), *shlex.split(bench.script_args)]
+    flags = shlex.split(bench.script_args)
     args = training.parse_args(script, flags)
     args.total_timesteps = args.steps_per_iteration * bench.block * 2 * (bench.pairs + 1)
     args = script.fill_runtime_fields(args)
