@@ -12,7 +12,7 @@ def conv_relu_pool(obs: jax.Array, channels: int) -> jax.Array:
 
     The same numbers, computed as one matrix product per 2x2 output block: the block's 4x4 window
     of the padded grid times the filters placed at its four cells. XLA's CPU convolution is slow at
-    MinAtar's size (docs/ppo_breakout.md, "Speed"); tests/test_utils_layers.py holds the two equal.
+    MinAtar's size (the speed benchmarks); tests/test_utils_layers.py holds the two equal.
     """
     n, height, width, c = obs.shape
     rows, cols = height // 2, width // 2

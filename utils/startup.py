@@ -33,8 +33,7 @@ def before_imports() -> None:
     """For a script's __main__, before JAX starts (importing gymnax starts it): one CPU device per
     core and at least two, for the data-parallel update; the garbage collector off while the
     imports load, their objects then frozen out of its later passes (after_imports); the modules of
-    DEFERRED imported only when something uses them; and one malloc arena for every thread
-    (docs/ppo_breakout.md, "Memory")."""
+    DEFERRED imported only when something uses them; and one malloc arena for every thread."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(max(cores or 1, 2)))
     gc.disable()
