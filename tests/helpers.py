@@ -148,3 +148,25 @@ def tiny_network_params(args: ppo.Args) -> hk.Params:
                                args.conv_channels)
 
     return network.init(jax.random.key(0), jnp.zeros((1, 10, 10, 4)))
+
+
+def what_a_run_ends_with(run_dir) -> dict:
+    """Every tensor of model.safetensors and of the last checkpoint (a replay buffer among them;
+    not the seconds of its learning curve) as bytes, every logged scalar but SPS, the evaluation:
+    what a resumed run must end with, bit for bit, as the uninterrupted one."""
+    import safetensors.numpy
+
+    from utils import checkpoint
+
+    tensors = {}
+    for name in ("model.safetensors", checkpoint.CHECKPOINT):
+        with open(os.path.join(run_dir, name), "rb") as f:
+            tensors |= {f"{name}:{key}": (t.dtype, t.shape, t.tobytes())
+                        for key, t in safetensors.numpy.load(f.read()).items()
+                        if key != "history.seconds"}
+    scalars = read_scalars(run_dir)
+    del scalars["charts/SPS"]
+    summary = read_summary(run_dir)
+    return {"tensors": tensors, "scalars": scalars, "eval": summary["eval"],
+            "status": summary["status"]}
+

@@ -6,11 +6,10 @@ import os
 import signal
 
 import pytest
-import safetensors.numpy
 
 import dqn_minatar as dqn
-from helpers import only_run_dir, read_scalars, read_summary, run_main
-from utils import checkpoint, training
+from helpers import only_run_dir, read_scalars, read_summary, run_main, what_a_run_ends_with
+from utils import training
 
 # 3 iterations of 16 x 32 steps, a checkpoint after each; the first is all warm-up (no gradient
 # step before 768 steps), the buffer (64 steps a row) is full after the second and wraps around.
@@ -91,22 +90,6 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(flags, message, tmp_
     assert result.returncode == 2
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
     assert os.listdir(tmp_path) == []
-
-
-def what_a_run_ends_with(run_dir) -> dict:
-    """Every tensor of model.safetensors and of the last checkpoint (the replay buffer among them;
-    not the seconds of its learning curve) as bytes, every logged scalar but SPS, the evaluation."""
-    tensors = {}
-    for name in ("model.safetensors", checkpoint.CHECKPOINT):
-        with open(os.path.join(run_dir, name), "rb") as f:
-            tensors |= {f"{name}:{key}": (t.dtype, t.shape, t.tobytes())
-                        for key, t in safetensors.numpy.load(f.read()).items()
-                        if key != "history.seconds"}
-    scalars = read_scalars(run_dir)
-    del scalars["charts/SPS"]
-    summary = read_summary(run_dir)
-    return {"tensors": tensors, "scalars": scalars, "eval": summary["eval"],
-            "status": summary["status"]}
 
 
 def test_a_stopped_run_resumes_to_the_uninterrupted_run_bit_for_bit(tiny_run, tmp_path,

@@ -3,17 +3,14 @@ a saved model played back, bad input, and a stopped run resumed bit for bit. The
 test_pqn_minatar.py."""
 
 import glob
-import json
 import os
 import signal
 
 import pytest
-import safetensors.numpy
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import pqn_minatar as pqn
-from helpers import run_main
-from utils import checkpoint, training
+from helpers import only_run_dir, read_scalars, read_summary, run_main, what_a_run_ends_with
+from utils import training
 
 # 3 iterations of 16 x 32 steps, a checkpoint after each.
 TINY = ["--total-timesteps", "1536", "--num-envs", "16", "--num-steps", "32",
@@ -27,23 +24,6 @@ TAGS = ["charts/episodic_return", "charts/episodic_length", "charts/SPS", "chart
 def run_in_process(cwd, *flags):
     """pqn_minatar.main() in this process, as `python pqn_minatar.py FLAGS` run in `cwd`."""
     return run_main(pqn, cwd, *flags)
-
-
-def only_run_dir(path) -> str:
-    (run_dir,) = glob.glob(os.path.join(str(path), "runs", "*"))
-    return run_dir
-
-
-def read_summary(run_dir) -> dict:
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        return json.load(f)
-
-
-def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
-    events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
-    events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)]
-            for tag in events.Tags()["scalars"]}
 
 
 @pytest.fixture(scope="module")
@@ -113,22 +93,6 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(flags, message, tmp_
     assert result.returncode == 2
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], err
     assert os.listdir(tmp_path) == []
-
-
-def what_a_run_ends_with(run_dir) -> dict:
-    """Every tensor of model.safetensors and of the last checkpoint (but the seconds of its
-    learning curve) as bytes, every logged scalar but SPS, and the evaluation."""
-    tensors = {}
-    for name in ("model.safetensors", checkpoint.CHECKPOINT):
-        with open(os.path.join(run_dir, name), "rb") as f:
-            tensors |= {f"{name}:{key}": (t.dtype, t.shape, t.tobytes())
-                        for key, t in safetensors.numpy.load(f.read()).items()
-                        if key != "history.seconds"}
-    scalars = read_scalars(run_dir)
-    del scalars["charts/SPS"]
-    summary = read_summary(run_dir)
-    return {"tensors": tensors, "scalars": scalars, "eval": summary["eval"],
-            "status": summary["status"]}
 
 
 def test_a_stopped_run_resumes_to_the_uninterrupted_run_bit_for_bit(tiny_run, tmp_path,
