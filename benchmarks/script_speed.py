@@ -7,7 +7,8 @@ alike; a first, unrecorded round warms the compilation cache. The script is any 
 repository root that prints `summary: PATH` (ppo_breakout.py by default). Per run it records the
 wall time of the whole process, its peak resident memory, and summary.json's training SPS, compile,
 training and evaluation seconds and sampled return. Versions:
-- `--base COMMIT`: the script at an earlier commit (checked out into a temporary git worktree);
+- `--base COMMIT ...`: the script at earlier commits (each checked out into a temporary git
+  worktree);
 - this tree, and this tree with each `--variant`'s extra flags;
 - `--cores-devices CORES:DEVICES ...`: each version above pinned to CORES with taskset (a list such
   as 0 or 0,1), with DEVICES devices for JAX's CPU backend and `--num-devices DEVICES`.
@@ -40,8 +41,8 @@ class Args:
     """the script to time, relative to the repository root; it must print `summary: PATH`"""
     flags: str = "--seed 1 --num-devices 2 --exp-name speed"
     """the flags of every run, as one string"""
-    base: str = ""
-    """an earlier commit to compare with ("" compares versions of this tree only)"""
+    base: tuple[str, ...] = ()
+    """earlier commits to compare with (none compares versions of this tree only)"""
     variant: tuple[str, ...] = ()
     """extra flags of further versions of this tree, one version each (e.g. --no-diagnostics)"""
     cores_devices: tuple[str, ...] = ()
@@ -82,10 +83,16 @@ def parse_config(config: str) -> tuple[str, int]:
     return cores, int(devices)
 
 
-def versions_of(args: Args, base_tree: str) -> dict[str, Version]:
-    """The versions by label: the base commit, "this tree", "this tree, FLAGS"; with configurations,
-    each of them on each (labelled by the configuration alone if this tree is the only version)."""
-    trees = {args.base: Version(base_tree, [])} if args.base else {}
+def base_trees(args: Args, tmp: str) -> dict[str, str]:
+    """Where each earlier commit is checked out, by commit."""
+    return {commit: os.path.join(tmp, f"base{i}") for i, commit in enumerate(args.base)}
+
+
+def versions_of(args: Args, tmp: str) -> dict[str, Version]:
+    """The versions by label: the base commits, "this tree", "this tree, FLAGS"; with
+    configurations, each of them on each (labelled by the configuration alone if this tree is the
+    only version)."""
+    trees = {commit: Version(tree, []) for commit, tree in base_trees(args, tmp).items()}
     trees |= {"this tree": Version(ROOT, [])}
     trees |= {f"this tree, {flags}": Version(ROOT, shlex.split(flags)) for flags in args.variant}
     if not args.cores_devices:
@@ -114,29 +121,30 @@ def main() -> None:
         fail(f"--flags does not parse as a shell command line: {e}")
     git = subprocess.run(["git", "-C", ROOT, "rev-parse", "--git-dir"], capture_output=True)
     if args.base and git.returncode:
-        fail(f"--base {args.base}: the earlier commit comes from a git checkout, and {ROOT} is "
+        fail(f"--base {args.base[0]}: the earlier commit comes from a git checkout, and {ROOT} is "
              "not one")
     with tempfile.TemporaryDirectory() as tmp:
-        base_tree, workdir = os.path.join(tmp, "base"), os.path.join(tmp, "runs")
+        workdir = os.path.join(tmp, "runs")
         os.makedirs(workdir)
-        versions = versions_of(args, base_tree)
-        if args.base:
-            added = subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", base_tree,
-                                    args.base], capture_output=True, text=True)
-            if added.returncode:
-                fail(f"--base {args.base}: {added.stderr.strip().splitlines()[-1]}")
+        versions, added = versions_of(args, tmp), []
         try:
+            for commit, tree in base_trees(args, tmp).items():
+                out = subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", tree,
+                                      commit], capture_output=True, text=True)
+                if out.returncode:
+                    fail(f"--base {commit}: {out.stderr.strip().splitlines()[-1]}")
+                added.append(tree)
             rounds = common.alternate(
                 {label: functools.partial(v.run, args.script, flags, workdir)
                  for label, v in versions.items()}, args.rounds)
         finally:
-            if args.base:
-                subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", base_tree],
+            for tree in added:
+                subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", tree],
                                check=True)
     command = shlex.join(["python", args.script, *flags])
     if args.cores_devices:
         command += " --num-devices DEVICES"
-    report = common.new_report(command, script=args.script, base=args.base or None,
+    report = common.new_report(command, script=args.script, base=list(args.base) or None,
                                versions=list(versions), rounds=rounds)
     if args.cores_devices:
         report["configs"] = list(args.cores_devices)

@@ -13,15 +13,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def versions(**flags) -> dict:
-    return script_speed.versions_of(script_speed.Args(**flags), "/tmp/base")
+    return script_speed.versions_of(script_speed.Args(**flags), "/tmp")
 
 
 def test_an_earlier_commit_this_tree_and_its_variants_keep_their_labels():
-    found = versions(base="fc64c6e", variant=("--no-diagnostics", " --hidden-sizes 8 8"))
-    assert list(found) == ["fc64c6e", "this tree", "this tree, --no-diagnostics",
+    found = versions(base=("fc64c6e", "aee73fa"),
+                     variant=("--no-diagnostics", " --hidden-sizes 8 8"))
+    assert list(found) == ["fc64c6e", "aee73fa", "this tree", "this tree, --no-diagnostics",
                            "this tree,  --hidden-sizes 8 8"]
     assert [(v.tree, v.flags, v.cores) for v in found.values()] == [
-        ("/tmp/base", [], ""), (ROOT, [], ""), (ROOT, ["--no-diagnostics"], ""),
+        ("/tmp/base0", [], ""), ("/tmp/base1", [], ""), (ROOT, [], ""),
+        (ROOT, ["--no-diagnostics"], ""),
         (ROOT, ["--hidden-sizes", "8", "8"], "")]
 
 
@@ -30,7 +32,7 @@ def test_cores_and_devices_alone_are_labelled_by_their_configuration():
     assert list(found) == ["0:1", "0:2"]  # as device_speed.json's rounds are keyed
     assert [(v.tree, v.cores, v.devices) for v in found.values()] == [(ROOT, "0", 1),
                                                                        (ROOT, "0", 2)]
-    crossed = versions(base="abc1234", cores_devices=("0:1",))
+    crossed = versions(base=("abc1234",), cores_devices=("0:1",))
     assert list(crossed) == ["abc1234 on 0:1", "this tree on 0:1"]
 
 
