@@ -76,11 +76,12 @@ def per_seed(result: dict) -> dict:
                 "policy": policy, "eval_returns": [r["eval"][policy]["mean"] for r in rows],
                 "eval_returns_minatar": [r["eval"]["sticky_0.1"][policy]["mean"] for r in rows],
                 "curves": [r["curve"] for r in rows],
-                "eval_curves": [r.get("eval_curve") for r in rows]}
+                "eval_curves": [r.get("eval_curve") for r in rows],
+                "sps": [r.get("sps") for r in rows]}
     return {**result, "args": recorded_args(result), **(result.get("stability") or {})}
 
 
-PER_SEED = ("seeds", "eval_returns", "eval_returns_minatar", "curves", "eval_curves",
+PER_SEED = ("seeds", "eval_returns", "eval_returns_minatar", "curves", "eval_curves", "sps",
             "logit_gap_max", "log_ratio_min", "log_ratio_max", "non_finite")
 
 
@@ -256,6 +257,7 @@ WHOLE = {  # cells of a whole result r (and its baseline b)
     "log_ratio": lambda r, b: f"[{min(r['log_ratio_min']):.2f}, {max(r['log_ratio_max']):.2f}]",
     "ratio": lambda r, b: r["args"]["ratio"],
     "train_s": lambda r, b: f"{seconds(r):.0f}",
+    "sps": lambda r, b: ", ".join(f"{v:,.0f}" for v in r["sps"]),  # per seed
     "train_ratio": lambda r, b: f"{seconds(r) / seconds(b):.2f}",
     "changed": changed,
     "changed_value": lambda r, b: show(next(iter(r["changed_args"].values()))),

@@ -198,3 +198,12 @@ def test_reach_is_the_first_evaluation_at_or_above_the_baselines_mean():
     assert make_tables.reach(r, b, "m") == "not by 3.0M"
     r["eval_curves"] *= 2  # one entry per seed
     assert make_tables.reach(r, b, "g") == "2.0M steps, 200 s; 2.0M steps, 200 s"
+
+
+def test_a_script_runs_sps_cell_is_each_seeds_own():
+    # results_table.py's rows, one per seed, each with the SPS its run measured.
+    evaluation = {"greedy": {"mean": 1.0}, "sticky_0.1": {"greedy": {"mean": 1.0}}}
+    rows = [{"seed": seed, "args": {}, "curve": {}, "eval": evaluation, "sps": sps}
+            for seed, sps in ((1, 4321.4), (2, 12_345.6))]
+    r = make_tables.per_seed({"command": "", "policy": "greedy", "rows": rows})
+    assert make_tables.cell("{sps}", {}, r, None, "g") == "4,321, 12,346"
