@@ -31,6 +31,21 @@ def test_a_state_with_a_typed_key_round_trips_bit_for_bit(tmp_path):
                            state | {"x": np.zeros((2, 4), np.float32)})
 
 
+def test_a_state_written_from_its_arrays_is_the_file_its_bytes_make(tmp_path):
+    # What a checkpoint writes (write_state: safetensors straight from the arrays into the file,
+    # the way a replay buffer is not copied in memory) is the file state_bytes's bytes make.
+    state = {"key": jax.random.key(5), "buffer": np.arange(24, dtype=np.uint8).reshape(2, 3, 4),
+             "x": jax.numpy.linspace(0.0, 1.0, 7)}
+    header = {"iteration": "3"}
+    path = str(tmp_path / "checkpoint.safetensors")
+    with open(path, "wb") as f:
+        f.write(b"the last checkpoint, replaced whole")
+    checkpoint.write_state(path, {"runner": state}, header)
+    with open(path, "rb") as f:
+        assert f.read() == checkpoint.state_bytes({"runner": state}, header)
+    assert os.listdir(tmp_path) == ["checkpoint.safetensors"]  # no temporary file left
+
+
 def test_what_was_logged_before_a_checkpoint_is_on_disk_once_the_checkpoint_is(tmp_path):
     log = logger.RunLog(str(tmp_path), step=0)
     log.add_scalar("charts/x", 1.0, 7)

@@ -56,16 +56,29 @@ def is_key(x) -> bool:
 
 
 def state_bytes(trees: dict, header: dict[str, str]) -> bytes:
-    """The pytrees in `trees` ({prefix: tree}) as a safetensors file: a leaf is the tensor
-    `prefix + keystr(its path)`; a typed random key is stored as its raw data (safetensors holds
-    numbers only), its implementation in the header's key_impls."""
+    """The pytrees in `trees` ({prefix: tree}) as a safetensors file (state_tensors)."""
+    return safetensors.numpy.save(*state_tensors(trees, header))
+
+
+def write_state(path: str, trees: dict, header: dict[str, str]) -> None:
+    """state_bytes's file written to `path` atomically, from the arrays themselves: the bytes of a
+    large state (a replay buffer) are never copied into memory first."""
+    tensors, header = state_tensors(trees, header)
+    write_atomically(path, lambda name: safetensors.numpy.save_file(tensors, name, header))
+
+
+def state_tensors(trees: dict, header: dict[str, str]) -> tuple[dict[str, np.ndarray],
+                                                                 dict[str, str]]:
+    """The pytrees in `trees` ({prefix: tree}) as safetensors' tensors and header: a leaf is the
+    tensor `prefix + keystr(its path)`; a typed random key is stored as its raw data (safetensors
+    holds numbers only), its implementation in the header's key_impls."""
     leaves = jax.tree_util.tree_flatten_with_path(trees)[0]
     names = [f"{key_path[0].key}{jax.tree_util.keystr(key_path[1:])}" for key_path, _ in leaves]
     key_impls = {name: str(jax.random.key_impl(x))
                  for name, (_, x) in zip(names, leaves) if is_key(x)}
     raw = jax.device_get([jax.random.key_data(x) if is_key(x) else x for _, x in leaves])  # at once
     tensors = {name: np.asarray(x) for name, x in zip(names, raw)}
-    return safetensors.numpy.save(tensors, header | {"key_impls": json.dumps(key_impls)})
+    return tensors, header | {"key_impls": json.dumps(key_impls)}
 
 
 def restore(path: str, tensors: dict[str, np.ndarray], header: dict[str, str], prefix: str, like):
@@ -136,7 +149,7 @@ class Checkpointer:
         self.pending = self.disk.submit(self.write, {"runner": state, "history": history}, header)
 
     def write(self, trees: dict, header: dict[str, str]) -> None:  # in the background thread
-        write_atomically(self.path, state_bytes(trees, header))
+        write_state(self.path, trees, header)
 
     def wait(self) -> None:
         """Returns once the last checkpoint is on disk; raises what its write raised."""

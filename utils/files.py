@@ -5,20 +5,25 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 
 import numpy as np
 import safetensors
 
 
-def write_atomically(path: str, data: bytes) -> None:
+def write_atomically(path: str, data: bytes | Callable[[str], None]) -> None:
     """Writes `data` to `path` so that `path` holds its old content or all of `data`, whatever:
     a temporary file in the same directory, synced, then renamed over it (a failed write removes
-    it; a killed process leaves it, never a partial `path`)."""
+    it; a killed process leaves it, never a partial `path`). `data` is the bytes, or a function
+    that writes them into the file it is named (no copy of a large file in memory)."""
     directory = os.path.dirname(path) or "."
     with tempfile.NamedTemporaryFile(dir=directory, suffix=".tmp", delete=False) as f:
         try:
-            f.write(data)
-            f.flush()
+            if callable(data):
+                data(f.name)
+            else:
+                f.write(data)
+                f.flush()
             os.fsync(f.fileno())
             umask = os.umask(0o022)  # the temporary file is private (0600): give it the usual mode
             os.umask(umask)
