@@ -33,7 +33,8 @@ def test_a_state_with_a_typed_key_round_trips_bit_for_bit(tmp_path):
 
 def test_a_state_written_from_its_arrays_is_the_file_its_bytes_make(tmp_path):
     # What a checkpoint writes (write_state: safetensors straight from the arrays into the file,
-    # the way a replay buffer is not copied in memory) is the file state_bytes's bytes make.
+    # the way a replay buffer is not copied in memory) is the file state_bytes's bytes make: the
+    # same tensors and header (safetensors orders a header's keys by chance).
     state = {"key": jax.random.key(5), "buffer": np.arange(24, dtype=np.uint8).reshape(2, 3, 4),
              "x": jax.numpy.linspace(0.0, 1.0, 7)}
     header = {"iteration": "3"}
@@ -41,9 +42,16 @@ def test_a_state_written_from_its_arrays_is_the_file_its_bytes_make(tmp_path):
     with open(path, "wb") as f:
         f.write(b"the last checkpoint, replaced whole")
     checkpoint.write_state(path, {"runner": state}, header)
-    with open(path, "rb") as f:
-        assert f.read() == checkpoint.state_bytes({"runner": state}, header)
     assert os.listdir(tmp_path) == ["checkpoint.safetensors"]  # no temporary file left
+    expected = str(tmp_path / "expected.safetensors")
+    with open(expected, "wb") as f:
+        f.write(checkpoint.state_bytes({"runner": state}, header))
+    (tensors, written), (want, want_header) = (files.read_safetensors(p, "") for p in
+                                               (path, expected))
+    assert written == want_header and sorted(tensors) == sorted(want)
+    for name in want:
+        assert tensors[name].dtype == want[name].dtype
+        np.testing.assert_array_equal(tensors[name], want[name])
 
 
 def test_what_was_logged_before_a_checkpoint_is_on_disk_once_the_checkpoint_is(tmp_path):
