@@ -16,11 +16,13 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
+import safetensors.numpy
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 import ppo_breakout as ppo
 from probe_envs import ProbeEnv
+from utils import checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "ppo_breakout.py")
@@ -154,10 +156,6 @@ def what_a_run_ends_with(run_dir) -> dict:
     """Every tensor of model.safetensors and of the last checkpoint (a replay buffer among them;
     not the seconds of its learning curve) as bytes, every logged scalar but SPS, the evaluation:
     what a resumed run must end with, bit for bit, as the uninterrupted one."""
-    import safetensors.numpy
-
-    from utils import checkpoint
-
     tensors = {}
     for name in ("model.safetensors", checkpoint.CHECKPOINT):
         with open(os.path.join(run_dir, name), "rb") as f:
@@ -169,4 +167,3 @@ def what_a_run_ends_with(run_dir) -> dict:
     summary = read_summary(run_dir)
     return {"tensors": tensors, "scalars": scalars, "eval": summary["eval"],
             "status": summary["status"]}
-
