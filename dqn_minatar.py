@@ -89,6 +89,9 @@ class Args(contract.RunArgs):
     """normalize each hidden layer's pre-activations (LayerNorm)"""
     conv_channels: int = 16
     """channels of a 3x3 convolution over the grid before the hidden layers (0: none)"""
+    conv_style: Literal["pooled", "minatar"] = "pooled"
+    """the convolution: "pooled" (zero padding, ReLU, 2x2 average pooling: the project's) or
+    "minatar" (no padding, ReLU, no pooling: MinAtar's own DQN)"""
     eval_epsilon: float = 0.05
     """epsilon of the "sampled" final evaluation; the "greedy" one takes argmax Q. 0.05 is the
     evaluation epsilon of Nature's DQN and CleanRL's DQN"""
@@ -102,13 +105,15 @@ class Args(contract.RunArgs):
 # Network
 # --------------------------------------------------------------------------------------------------
 def q_network(obs: jax.Array, num_actions: int, hidden_sizes: tuple[int, ...], layer_norm: bool,
-              conv_channels: int = 0) -> jax.Array:
+              conv_channels: int = 0, conv_style: str = "pooled") -> jax.Array:
     """Q-values, (batch, num_actions): a convolution over the grid (if conv_channels), then
     Linear -> (LayerNorm) -> ReLU per hidden layer, then a linear head with one output per action:
     pqn_minatar.py's network family."""
     x = obs.astype(jnp.float32)  # the buffer keeps MinAtar's 0/1 grids as uint8
-    if conv_channels:
+    if conv_channels and conv_style == "pooled":
         x = layers.conv_relu_pool(x, conv_channels)  # = hk.Conv2D -> ReLU -> hk.avg_pool(2x2)
+    elif conv_channels:
+        x = jax.nn.relu(layers.conv_valid(x, conv_channels))  # = hk.Conv2D(padding="VALID")
     x = x.reshape(obs.shape[0], -1)
     for i, width in enumerate(hidden_sizes):
         x = hk.Linear(width, w_init=hk.initializers.VarianceScaling(2.0), name=f"torso_{i}")(x)
@@ -120,11 +125,11 @@ def q_network(obs: jax.Array, num_actions: int, hidden_sizes: tuple[int, ...], l
 
 
 def make_network(num_actions: int, hidden_sizes: tuple[int, ...], layer_norm: bool,
-                 conv_channels: int = 0) -> hk.Transformed:
+                 conv_channels: int = 0, conv_style: str = "pooled") -> hk.Transformed:
     """q_network as a pure (init, apply) pair; it draws no random numbers when applied."""
     return hk.without_apply_rng(hk.transform(functools.partial(
         q_network, num_actions=num_actions, hidden_sizes=hidden_sizes, layer_norm=layer_norm,
-        conv_channels=conv_channels)))
+        conv_channels=conv_channels, conv_style=conv_style)))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -439,7 +444,8 @@ def first_non_finite(metrics: dict) -> str:
 # --------------------------------------------------------------------------------------------------
 HEADLINE_POLICY = "greedy"
 # The arguments that rebuild the network, in a model file's header.
-NETWORK_ARGS = ("env_id", "hidden_sizes", "conv_channels", "layer_norm")
+NETWORK_ARGS = ("env_id", "hidden_sizes", "conv_channels", "conv_style", "layer_norm")
+ADDED_ARGS = {"conv_style": "pooled"}  # model files saved before it was a choice
 # The state's layout on a mesh: the environments' rows (their states and buffer rows) split, all
 # else replicated. One device runs this script (no data-parallel version): the layout is that of
 # a one-device mesh, kept for one.
@@ -509,7 +515,7 @@ def make_agent(args: Args, env, env_params) -> contract.Agent:
     """The network, optimizer, initial state, update step and policy that the shared machinery
     trains, checkpoints and evaluates."""
     network = make_network(env.action_space(env_params).n, args.hidden_sizes, args.layer_norm,
-                           args.conv_channels)
+                           args.conv_channels, args.conv_style)
     optimizer = make_optimizer(args)
     buffer = make_buffer(args)
     # MinAtar's observations are grids of 0 and 1 in float32: uint8 keeps them exactly in a quarter

@@ -3,6 +3,7 @@ buffer (what sampling may return), the n-step windows and the Double DQN target 
 loops, the target network's schedule, learning known Q-values on a probe, then what `make_agent`
 hands over, the state through a checkpoint, and the argument checks."""
 
+import functools
 import os
 
 import haiku as hk
@@ -31,6 +32,30 @@ def test_q_network_reads_uint8_grids_as_the_float_ones():
     assert params["torso_0"]["w"].shape == (5 * 5 * 16, 128)  # conv, 2x2 pooling, as PQN's
     np.testing.assert_array_equal(network.apply(params, obs.astype(jnp.uint8)),
                                   network.apply(params, obs.astype(jnp.float32)))
+
+
+def reference_q_network(obs, conv_style):
+    """q_network written with Haiku's own layers: the numbers each --conv-style must give."""
+    if conv_style == "pooled":
+        x = jax.nn.relu(hk.Conv2D(16, 3, padding="SAME", name="conv")(obs))
+        x = hk.avg_pool(x, (1, 2, 2, 1), (1, 2, 2, 1), padding="VALID")
+    else:  # MinAtar's DQN: unpadded, no pooling
+        x = jax.nn.relu(hk.Conv2D(16, 3, padding="VALID", name="conv")(obs))
+    x = jax.nn.relu(hk.Linear(128, name="torso_0")(x.reshape(obs.shape[0], -1)))
+    return hk.Linear(5, name="q")(x)
+
+
+@pytest.mark.parametrize("conv_style, features", [("pooled", 5 * 5 * 16), ("minatar", 8 * 8 * 16)])
+def test_q_network_computes_its_conv_styles_network(conv_style, features):
+    obs = jax.random.bernoulli(jax.random.key(0), 0.3, (4, 10, 10, 4)).astype(jnp.float32)
+    network = dqn.make_network(5, (128,), False, 16, conv_style)
+    params = network.init(jax.random.key(1), obs)
+    assert params["torso_0"]["w"].shape == (features, 128)
+    keys = iter(jax.random.split(jax.random.key(2), 16))  # random values in every parameter
+    params = jax.tree.map(lambda p: jax.random.normal(next(keys), p.shape), params)
+    expected = hk.without_apply_rng(hk.transform(
+        functools.partial(reference_q_network, conv_style=conv_style))).apply(params, obs)
+    np.testing.assert_allclose(network.apply(params, obs), expected, rtol=1e-4, atol=1e-4)
 
 
 # ------------------------------------------------------------------------------------------------
