@@ -22,7 +22,7 @@ import dataclasses
 import functools
 import math
 import sys
-from typing import Any, Literal, NamedTuple
+from typing import Any, Callable, Literal, NamedTuple
 
 if __name__ == "__main__":  # before JAX starts: its CPU devices, and a faster start-up
     from utils import startup
@@ -109,7 +109,7 @@ def q_network(obs: jax.Array, num_actions: int, hidden_sizes: tuple[int, ...], l
     """Q-values, (batch, num_actions): a convolution over the grid (if conv_channels), then
     Linear -> (LayerNorm) -> ReLU per hidden layer, then a linear head with one output per action:
     pqn_minatar.py's network family."""
-    x = obs.astype(jnp.float32)  # the buffer keeps MinAtar's 0/1 grids as uint8
+    x = obs.astype(jnp.float32)  # the buffer gives MinAtar's 0/1 grids back as uint8
     if conv_channels and conv_style == "pooled":
         x = layers.conv_relu_pool(x, conv_channels)  # = hk.Conv2D -> ReLU -> hk.avg_pool(2x2)
     elif conv_channels:
@@ -145,12 +145,29 @@ class Transition(NamedTuple):
     """One environment's step, as the replay buffer stores it. next_obs is stored, not read off
     the next step: after an auto-reset that is the next episode's first observation, and a
     truncated step bootstraps from the last one of its own (flashbax issue #3)."""
-    obs: jax.Array  # o_t (uint8 for MinAtar's 0/1 grids)
+    obs: jax.Array  # o_t (as ObsCodec.encode stores it)
     action: jax.Array  # a_t
     reward: jax.Array  # r_{t+1}
     terminated: jax.Array  # the episode ended for good: no future value
     truncated: jax.Array  # the time limit cut the episode: the future is worth Q(next_obs)
     next_obs: jax.Array  # o_{t+1}: where the episode ended, the observation before the reset
+
+
+class ObsCodec(NamedTuple):
+    """How the buffer stores observations: `encode` before writing, `decode` after sampling."""
+    encode: Callable[[jax.Array], jax.Array]
+    decode: Callable[[jax.Array], jax.Array]
+
+
+AS_IS = ObsCodec(encode=lambda obs: obs, decode=lambda stored: stored)
+
+
+def grid_codec(channels: int) -> ObsCodec:
+    """MinAtar's observations are grids of 0 and 1 in float32: packed 8 channels to a byte along
+    the last axis they are kept exactly in 1/32 of the memory or less (Seaquest's 10 channels: 2
+    bytes a cell, not 40), and unpacked as uint8 0/1."""
+    return ObsCodec(encode=lambda obs: jnp.packbits(obs.astype(bool), axis=-1),
+                    decode=lambda stored: jnp.unpackbits(stored, axis=-1, count=channels))
 
 
 class RunnerState(NamedTuple):
@@ -200,14 +217,13 @@ def epsilon_schedule(args: Args) -> optax.Schedule:
 
 
 def collect_transitions(runner: RunnerState, env, env_params, network: hk.Transformed,
-                        num_steps: int, epsilon_at: optax.Schedule
+                        num_steps: int, epsilon_at: optax.Schedule, codec: ObsCodec
                         ) -> tuple[RunnerState, tuple[Transition, EpisodeEnds, jax.Array]]:
     """Steps all environments `num_steps` times, epsilon-greedy in the online Q-values (a
-    `lax.scan` over time); each step's transitions (observations in the buffer's dtype), episode
+    `lax.scan` over time); each step's transitions (observations encoded for the buffer), episode
     ends and epsilon."""
     vmap_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
     num_envs = runner.obs.shape[0]
-    obs_dtype = runner.buffer_state.experience.obs.dtype
 
     def env_step(runner: RunnerState, _):
         key, action_key, step_key = jax.random.split(runner.key, 3)
@@ -219,9 +235,9 @@ def collect_transitions(runner: RunnerState, env, env_params, network: hk.Transf
         # After an auto-reset `obs` is the next episode's first observation; a truncated step
         # bootstraps from the one its own episode reached, which gymnax keeps in the info.
         transition = Transition(
-            obs=runner.obs.astype(obs_dtype), action=action, reward=reward.astype(jnp.float32),
+            obs=codec.encode(runner.obs), action=action, reward=reward.astype(jnp.float32),
             terminated=terminated, truncated=truncated,
-            next_obs=info["final_observation"].astype(obs_dtype))
+            next_obs=codec.encode(info["final_observation"]))
         done = terminated | truncated
         episode_return = runner.episode_return + reward
         episode_length = runner.episode_length + 1
@@ -292,10 +308,11 @@ def make_optimizer(args: Args) -> optax.GradientTransformation:
 
 def gradient_step(train_state: TrainState, key: jax.Array, buffer_state, buffer,
                   network: hk.Transformed, optimizer: optax.GradientTransformation, gamma: float,
-                  loss: str) -> tuple[TrainState, dict[str, jax.Array]]:
+                  loss: str, codec: ObsCodec) -> tuple[TrainState, dict[str, jax.Array]]:
     """One gradient step on a batch of windows sampled uniformly from the buffer."""
     windows = buffer.sample(buffer_state, key).experience  # Transitions, (batch_size, n, ...)
     mb = jax.vmap(n_step_batch, in_axes=(0, None))(windows, gamma)
+    mb = mb._replace(obs=codec.decode(mb.obs), next_obs=codec.decode(mb.next_obs))
     grads, info = jax.grad(td_loss, has_aux=True)(train_state.params, train_state.target_params,
                                                   network, mb, loss)
     updates, opt_state = optimizer.update(grads, train_state.opt_state, train_state.params)
@@ -326,7 +343,7 @@ def interleaving(args: Args) -> tuple[int, int, int]:
 
 
 def make_dqn_iteration(args: Args, env, env_params, network: hk.Transformed,
-                       optimizer: optax.GradientTransformation, buffer):
+                       optimizer: optax.GradientTransformation, buffer, codec: ObsCodec = AS_IS):
     """The function that runs one DQN iteration on a RunnerState: a `lax.scan` over chunks, each a
     rollout whose transitions go to the buffer, then (once learning has started) its gradient
     steps, then the target network's update if its time came. It returns the new RunnerState and
@@ -334,12 +351,12 @@ def make_dqn_iteration(args: Args, env, env_params, network: hk.Transformed,
     num_chunks, steps_per_chunk, updates_per_chunk = interleaving(args)
     epsilon_at = epsilon_schedule(args)
     step = functools.partial(gradient_step, buffer=buffer, network=network, optimizer=optimizer,
-                             gamma=args.gamma, loss=args.loss)
+                             gamma=args.gamma, loss=args.loss, codec=codec)
 
     def chunk(runner: RunnerState, _) -> tuple[RunnerState, Chunk]:
         steps_before = runner.env_steps
         runner, (transitions, ended, epsilon) = collect_transitions(
-            runner, env, env_params, network, steps_per_chunk, epsilon_at)
+            runner, env, env_params, network, steps_per_chunk, epsilon_at, codec)
         # The buffer's rows are the environments: (time, envs, ...) -> (envs, time, ...).
         transitions = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), transitions)
         buffer_state = buffer.add(runner.buffer_state, transitions)
@@ -370,18 +387,18 @@ def make_dqn_iteration(args: Args, env, env_params, network: hk.Transformed,
 
 def init_runner(key: jax.Array, env, env_params, network: hk.Transformed,
                 optimizer: optax.GradientTransformation, buffer, num_envs: int,
-                uint8_obs: bool) -> RunnerState:
+                codec: ObsCodec = AS_IS) -> RunnerState:
     """The state before the first iteration: environments reset, network and optimizer
-    initialised, the target network a copy of the online one, the buffer empty (its observations
-    uint8 where `uint8_obs`), counters at 0."""
+    initialised, the target network a copy of the online one, the buffer empty (observations as
+    `codec` stores them), counters at 0."""
     key, init_key, reset_key = jax.random.split(key, 3)
     reset_keys = jax.random.split(reset_key, num_envs)
     obs, env_state = jax.vmap(env.reset, in_axes=(0, None))(reset_keys, env_params)
     params = network.init(init_key, obs)
-    obs_dtype = jnp.uint8 if uint8_obs else obs.dtype
-    one_step = Transition(obs=obs[0].astype(obs_dtype), action=jnp.zeros((), jnp.int32),
-                          reward=jnp.zeros(()), terminated=jnp.zeros((), bool),
-                          truncated=jnp.zeros((), bool), next_obs=obs[0].astype(obs_dtype))
+    stored = codec.encode(obs[0])
+    one_step = Transition(obs=stored, action=jnp.zeros((), jnp.int32), reward=jnp.zeros(()),
+                          terminated=jnp.zeros((), bool), truncated=jnp.zeros((), bool),
+                          next_obs=stored)
     return RunnerState(train_state=TrainState(params, params, optimizer.init(params)),
                        buffer_state=buffer.init(one_step), env_state=env_state, obs=obs,
                        episode_return=jnp.zeros(num_envs),
@@ -390,9 +407,9 @@ def init_runner(key: jax.Array, env, env_params, network: hk.Transformed,
 
 
 def make_update_step(args: Args, env, env_params, network: hk.Transformed,
-                     optimizer: optax.GradientTransformation, buffer):
+                     optimizer: optax.GradientTransformation, buffer, codec: ObsCodec = AS_IS):
     """One DQN iteration and its metrics on one device, for the caller to jit."""
-    dqn_iteration = make_dqn_iteration(args, env, env_params, network, optimizer, buffer)
+    dqn_iteration = make_dqn_iteration(args, env, env_params, network, optimizer, buffer, codec)
 
     def update_step(runner: RunnerState) -> tuple[RunnerState, dict[str, jax.Array]]:
         runner, chunks = dqn_iteration(runner)
@@ -518,9 +535,10 @@ def make_agent(args: Args, env, env_params) -> contract.Agent:
                            args.conv_channels, args.conv_style)
     optimizer = make_optimizer(args)
     buffer = make_buffer(args)
-    # MinAtar's observations are grids of 0 and 1 in float32: uint8 keeps them exactly in a quarter
-    # of the memory (tests/test_dqn_minatar.py checks the games); other games' are kept as they are.
-    uint8_obs = args.env_id.endswith("-MinAtar")
+    # MinAtar's grids are kept packed to bits (tests/test_dqn_minatar.py checks that every game's
+    # observations are 0 or 1); other games' as they are.
+    obs_shape = env.observation_space(env_params).shape
+    codec = grid_codec(obs_shape[-1]) if args.env_id.endswith("-MinAtar") else AS_IS
 
     def act(params: hk.Params, obs: jax.Array, key: jax.Array, greedy: jax.Array) -> jax.Array:
         """argmax Q where greedy, else epsilon-greedy at eval_epsilon."""
@@ -532,8 +550,8 @@ def make_agent(args: Args, env, env_params) -> contract.Agent:
         network=network, optimizer=optimizer,
         init=functools.partial(init_runner, env=env, env_params=env_params, network=network,
                                optimizer=optimizer, buffer=buffer, num_envs=args.num_envs,
-                               uint8_obs=uint8_obs),
-        update_step=make_update_step(args, env, env_params, network, optimizer, buffer),
+                               codec=codec),
+        update_step=make_update_step(args, env, env_params, network, optimizer, buffer, codec),
         parallel_update_step=None, state_specs=RUNNER_SPECS,
         params=lambda runner: runner.train_state.params, act=act)
 

@@ -81,7 +81,7 @@ def probe_setup(args: dqn.Args, network=None, optimizer=None, seed=0):
     optimizer = optimizer or optax.sgd(0.0)
     buffer = dqn.make_buffer(args)
     runner = dqn.init_runner(jax.random.key(seed), env, env.default_params, network, optimizer,
-                             buffer, args.num_envs, uint8_obs=False)
+                             buffer, args.num_envs)
     return env, network, optimizer, buffer, runner
 
 
@@ -118,7 +118,7 @@ def test_epsilon_is_1_through_the_warm_up_then_decays_linearly_then_stays():
                                [1.0, 1.0, 1.0, 0.505, 0.01, 0.01], rtol=1e-6)
 
 
-def test_minatar_observations_are_0_or_1_so_the_buffer_keeps_them_exactly_as_uint8():
+def test_minatar_observations_are_0_or_1_so_the_buffer_keeps_them_exactly_as_bits():
     for game in GAMES:
         env, env_params = make_env(game, 0.0)
 
@@ -139,6 +139,11 @@ def test_minatar_observations_are_0_or_1_so_the_buffer_keeps_them_exactly_as_uin
         obs = np.asarray(random_play(jax.random.key(0)))
         assert set(np.unique(obs)) <= {0.0, 1.0}, game
         assert obs.any(), game
+        channels = obs.shape[-1]
+        codec = dqn.grid_codec(channels)
+        stored = np.asarray(codec.encode(obs))
+        assert stored.dtype == np.uint8 and stored.shape[-1] == -(-channels // 8), game
+        np.testing.assert_array_equal(codec.decode(stored), obs, err_msg=game)
 
 
 def marked_steps(num_envs: int, num_steps: int, first: int = 0) -> dqn.Transition:
@@ -360,7 +365,7 @@ def test_the_update_learns_known_q_values_on_a_probe():
     optimizer = dqn.make_optimizer(args)
     buffer = dqn.make_buffer(args)
     runner = dqn.init_runner(jax.random.key(0), env, env.default_params, network, optimizer,
-                             buffer, args.num_envs, uint8_obs=False)
+                             buffer, args.num_envs)
     step = jax.jit(dqn.make_update_step(args, env, env.default_params, network, optimizer,
                                         buffer))
     for _ in range(args.num_iterations):
@@ -383,6 +388,8 @@ def test_make_agent_trains_on_breakout_and_reports_the_contracts_metrics():
     agent = dqn.make_agent(args, env, env_params)
     assert isinstance(agent, contract.Agent) and agent.parallel_update_step is None
     state = jax.jit(agent.init)(jax.random.key(1))
+    # Breakout's 4 channels packed to a byte a cell.
+    assert state.buffer_state.experience.obs.shape[-3:] == (10, 10, 1)
     assert state.buffer_state.experience.obs.dtype == jnp.uint8
     step = jax.jit(agent.update_step)
     for _ in range(args.num_iterations):
