@@ -9,7 +9,8 @@ wall time of the whole process, its peak resident memory, and summary.json's tra
 training and evaluation seconds and sampled return. Versions:
 - `--base COMMIT ...`: the script at earlier commits (each checked out into a temporary git
   worktree);
-- this tree, and this tree with each `--variant`'s extra flags;
+- this tree, and this tree with each `--variant`'s extra flags, or each `--env-variant`'s
+  environment variable (e.g. MALLOC_ARENA_MAX=16);
 - `--cores-devices CORES:DEVICES ...`: each version above pinned to CORES with taskset (a list such
   as 0 or 0,1), with DEVICES devices for JAX's CPU backend and `--num-devices DEVICES`.
 
@@ -45,6 +46,8 @@ class Args:
     """earlier commits to compare with (none compares versions of this tree only)"""
     variant: tuple[str, ...] = ()
     """extra flags of further versions of this tree, one version each (e.g. --no-diagnostics)"""
+    env_variant: tuple[str, ...] = ()
+    """NAME=VALUE: an environment variable of a further version of this tree, one version each"""
     cores_devices: tuple[str, ...] = ()
     """CORES:DEVICES, one configuration each, for every version (e.g. 0:1 0,1:2)"""
     rounds: int = 5
@@ -56,14 +59,16 @@ class Args:
 class Version:
     """One thing to time: a tree, flags added to the common ones, cores and devices if pinned."""
 
-    def __init__(self, tree: str, flags: list[str], cores: str = "", devices: int = 0):
+    def __init__(self, tree: str, flags: list[str], cores: str = "", devices: int = 0,
+                 env: dict[str, str] | None = None):
         self.tree, self.flags, self.cores, self.devices = tree, flags, cores, devices
+        self.env = env or {}
 
     def run(self, script: str, flags: list[str], workdir: str) -> dict:
-        prefix, env, devices = [], None, []
+        prefix, env, devices = [], os.environ | self.env if self.env else None, []
         if self.cores:
             prefix = ["taskset", "-c", self.cores]
-            env = os.environ | {"JAX_NUM_CPU_DEVICES": str(self.devices)}
+            env = os.environ | self.env | {"JAX_NUM_CPU_DEVICES": str(self.devices)}
             devices = ["--num-devices", str(self.devices)]
         try:
             run = common.run_script(script, [*flags, *self.flags, *devices], workdir, self.tree,
@@ -83,6 +88,13 @@ def parse_config(config: str) -> tuple[str, int]:
     return cores, int(devices)
 
 
+def parse_env(variant: str) -> dict[str, str]:
+    name, equals, value = variant.partition("=")
+    if not equals or not name.isidentifier():
+        fail(f"--env-variant {variant}: expected NAME=VALUE, such as MALLOC_ARENA_MAX=16")
+    return {name: value}
+
+
 def base_trees(args: Args, tmp: str) -> dict[str, str]:
     """Where each earlier commit is checked out, by commit."""
     return {commit: os.path.join(tmp, f"base{i}") for i, commit in enumerate(args.base)}
@@ -95,6 +107,8 @@ def versions_of(args: Args, tmp: str) -> dict[str, Version]:
     trees = {commit: Version(tree, []) for commit, tree in base_trees(args, tmp).items()}
     trees |= {"this tree": Version(ROOT, [])}
     trees |= {f"this tree, {flags}": Version(ROOT, shlex.split(flags)) for flags in args.variant}
+    trees |= {f"this tree, {variant}": Version(ROOT, [], env=parse_env(variant))
+              for variant in args.env_variant}
     if not args.cores_devices:
         return trees
     versions = {}
@@ -102,7 +116,7 @@ def versions_of(args: Args, tmp: str) -> dict[str, Version]:
         for config in args.cores_devices:
             cores, devices = parse_config(config)
             name = config if len(trees) == 1 else f"{label} on {config}"
-            versions[name] = Version(version.tree, version.flags, cores, devices)
+            versions[name] = Version(version.tree, version.flags, cores, devices, version.env)
     return versions
 
 

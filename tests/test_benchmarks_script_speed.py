@@ -27,6 +27,20 @@ def test_an_earlier_commit_this_tree_and_its_variants_keep_their_labels():
         (ROOT, ["--hidden-sizes", "8", "8"], "")]
 
 
+def test_an_environment_variant_runs_this_tree_with_its_variable_set():
+    found = versions(env_variant=("MALLOC_ARENA_MAX=16",), cores_devices=("0:1",))
+    assert list(found) == ["this tree on 0:1", "this tree, MALLOC_ARENA_MAX=16 on 0:1"]
+    assert [v.env for v in found.values()] == [{}, {"MALLOC_ARENA_MAX": "16"}]
+
+
+@pytest.mark.parametrize("variant", ["MALLOC_ARENA_MAX", "=16", "A B=1"])
+def test_an_environment_variant_that_is_not_name_equals_value_exits_2(variant, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        versions(env_variant=(variant,))
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.startswith(f"error: --env-variant {variant}: ")
+
+
 def test_cores_and_devices_alone_are_labelled_by_their_configuration():
     found = versions(cores_devices=("0:1", "0:2"))
     assert list(found) == ["0:1", "0:2"]  # as device_speed.json's rounds are keyed

@@ -66,3 +66,21 @@ def test_after_an_uncapped_program_the_script_warns_nothing_and_reruns_from_the_
         assert "compilation cache" not in run.stderr
         entries.append(sorted(path.name for path in cache.glob("*-cache")))
     assert len(entries[0]) > 1 and entries[1] == entries[0]  # the second run compiled nothing
+
+
+MALLOPT_CALLS = ("import ctypes, sys; sys.path.insert(0, {root!r}); calls = []\n"
+                 "class Libc:\n"
+                 "    def mallopt(self, *a): calls.append(a)\n"
+                 "ctypes.CDLL = lambda name: Libc()\n"
+                 "from utils import startup; startup.before_imports(); print(calls)")
+
+
+def test_glibc_gets_one_malloc_arena_per_core_unless_malloc_arena_max_is_set():
+    def mallopt_calls(env: dict) -> str:
+        env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"} | env
+        return subprocess.run([sys.executable, "-c", MALLOPT_CALLS.format(root=ROOT)], env=env,
+                              capture_output=True, text=True, check=True).stdout.strip()
+
+    cores = len(os.sched_getaffinity(0))
+    assert mallopt_calls({}) == f"[({startup.M_ARENA_MAX}, {cores})]"
+    assert mallopt_calls({"MALLOC_ARENA_MAX": "16"}) == "[]"
