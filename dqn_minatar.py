@@ -166,7 +166,7 @@ AS_IS = ObsCodec(encode=lambda obs: obs, decode=lambda stored: stored)
 
 def grid_codec(channels: int) -> ObsCodec:
     """MinAtar's observations are grids of 0 and 1 in float32: packed 8 channels to a byte along
-    the last axis they are kept exactly in 1/32 of the memory or less (Seaquest's 10 channels: 2
+    the last axis they are kept exactly in 1/16 of the memory or less (Seaquest's 10 channels: 2
     bytes a cell, not 40), and unpacked as uint8 0/1."""
     return ObsCodec(encode=lambda obs: jnp.packbits(obs.astype(bool), axis=-1),
                     decode=lambda stored: jnp.unpackbits(stored, axis=-1, count=channels))
