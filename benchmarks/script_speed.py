@@ -65,7 +65,8 @@ class Version:
         self.env = env or {}
 
     def run(self, script: str, flags: list[str], workdir: str) -> dict:
-        prefix, env, devices = [], os.environ | self.env if self.env else None, []
+        prefix, devices = [], []
+        env = os.environ | self.env if self.env else None
         if self.cores:
             prefix = ["taskset", "-c", self.cores]
             env = os.environ | self.env | {"JAX_NUM_CPU_DEVICES": str(self.devices)}

@@ -41,7 +41,7 @@ def before_imports() -> None:
         sys.modules.setdefault(name, DeferredModule(name))
     # glibc gives threads up to 8 arenas per core, whose freed memory no other arena reuses: XLA's
     # compiler threads each held their own. One per core: a cold compile of PPO's update step
-    # peaked ~40 MB lower than by default; one for all threads slowed PPO's training ~6%. glibc's
+    # peaked ~40 MB lower than by default; one for all threads slowed PPO's training ~7%. glibc's
     # own MALLOC_ARENA_MAX, where set, is left to decide.
     if "MALLOC_ARENA_MAX" not in os.environ:
         with contextlib.suppress(OSError, AttributeError):
