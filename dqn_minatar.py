@@ -48,6 +48,9 @@ from utils.env import check_grid, default_conv_channels, make_env
 class Args(contract.RunArgs):
     learning_rate: float = 2.5e-4
     """the learning rate of the Adam optimizer (Dopamine's MinAtar DQN)"""
+    anneal_lr: bool = False
+    """anneal the learning rate linearly to 0 over all gradient steps (off: Dopamine's constant
+    rate)"""
     adam_eps: float = 3.125e-4
     """Adam's epsilon (Dopamine's MinAtar DQN: 0.01 / batch_size)"""
     num_envs: int = 32
@@ -305,7 +308,11 @@ def td_loss(params: hk.Params, target_params: hk.Params, network: hk.Transformed
 
 
 def make_optimizer(args: Args) -> optax.GradientTransformation:
-    return optax.adam(args.learning_rate, eps=args.adam_eps)
+    learning_rate = args.learning_rate
+    if args.anneal_lr:
+        num_updates = args.num_iterations * args.gradient_steps_per_iteration
+        learning_rate = optax.linear_schedule(args.learning_rate, 0.0, num_updates)
+    return optax.adam(learning_rate, eps=args.adam_eps)
 
 
 def gradient_step(train_state: TrainState, key: jax.Array, buffer_state, buffer,
