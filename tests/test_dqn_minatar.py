@@ -118,6 +118,20 @@ def test_epsilon_is_1_through_the_warm_up_then_decays_linearly_then_stays():
                                [1.0, 1.0, 1.0, 0.505, 0.01, 0.01], rtol=1e-6)
 
 
+@pytest.mark.parametrize("anneal", [False, True])
+def test_anneal_lr_takes_the_step_size_linearly_to_0_over_all_gradient_steps(anneal):
+    args = dqn.Args(learning_rate=1e-3, adam_eps=1e-12, anneal_lr=anneal)
+    args.num_iterations, args.gradient_steps_per_iteration = 2, 5  # 10 gradient steps in all
+    optimizer = dqn.make_optimizer(args)
+    params, grads = jnp.zeros(3), jnp.ones(3)
+    opt_state, steps = optimizer.init(params), []
+    for _ in range(12):  # Adam's step for a constant gradient is the learning rate itself
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        steps.append(-float(updates[0]))
+    expected = [1e-3 * max(0.0, 1 - k / 10) if anneal else 1e-3 for k in range(12)]
+    np.testing.assert_allclose(steps, expected, rtol=1e-4, atol=1e-9)
+
+
 def test_minatar_observations_are_0_or_1_so_the_buffer_keeps_them_exactly_as_bits():
     for game in GAMES:
         env, env_params = make_env(game, 0.0)
