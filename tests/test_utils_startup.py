@@ -75,15 +75,12 @@ MALLOPT_CALLS = ("import ctypes, sys; sys.path.insert(0, {root!r}); calls = []\n
                  "from utils import startup; startup.before_imports(); print(calls)")
 
 
-def test_glibc_gets_one_malloc_arena_per_core_and_a_fixed_mmap_threshold_unless_set_already():
+def test_glibc_gets_one_malloc_arena_per_core_unless_malloc_arena_max_is_set():
     def mallopt_calls(env: dict) -> str:
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("MALLOC_ARENA_MAX", "MALLOC_MMAP_THRESHOLD_")} | env
+        env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"} | env
         return subprocess.run([sys.executable, "-c", MALLOPT_CALLS.format(root=ROOT)], env=env,
                               capture_output=True, text=True, check=True).stdout.strip()
 
     cores = len(os.sched_getaffinity(0))
-    arenas, mmap = (startup.M_ARENA_MAX, cores), (startup.M_MMAP_THRESHOLD, 2**20)
-    assert mallopt_calls({}) == str([arenas, mmap])
-    assert mallopt_calls({"MALLOC_ARENA_MAX": "16"}) == str([mmap])
-    assert mallopt_calls({"MALLOC_MMAP_THRESHOLD_": "131072"}) == str([arenas])
+    assert mallopt_calls({}) == f"[({startup.M_ARENA_MAX}, {cores})]"
+    assert mallopt_calls({"MALLOC_ARENA_MAX": "16"}) == "[]"

@@ -16,9 +16,7 @@ CACHE_MAX_BYTES = 2**30  # a search compiles a program per setting: the cache mu
 # scipy.stats), and pyplot, for its renders; boto3, which tensorboardX imports for S3 alone; and the
 # pictures and the log, which a run needs only once its programs are compiled, its peak of memory.
 DEFERRED = ("seaborn", "matplotlib.pyplot", "boto3", "utils.visualize", "utils.logger")
-M_ARENA_MAX = -8  # glibc's mallopt parameters
-M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD_BYTES = 2**20
+M_ARENA_MAX = -8  # glibc's mallopt parameter
 
 
 class DeferredModule(types.ModuleType):
@@ -35,8 +33,7 @@ def before_imports() -> None:
     """For a script's __main__, before JAX starts (importing gymnax starts it): one CPU device per
     core and at least two, for the data-parallel update; the garbage collector off while the
     imports load, their objects then frozen out of its later passes (after_imports); the modules of
-    DEFERRED imported only when something uses them; one malloc arena per core; and blocks of
-    1 MiB and more mapped from the system, and given back when freed."""
+    DEFERRED imported only when something uses them; and one malloc arena per core."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(max(cores or 1, 2)))
     gc.disable()
@@ -49,12 +46,6 @@ def before_imports() -> None:
     if "MALLOC_ARENA_MAX" not in os.environ:
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL("libc.so.6").mallopt(M_ARENA_MAX, cores or 1)
-    # glibc raises its mmap threshold to the size of each mapped block freed (up to 32 MiB), after
-    # which such blocks come from the arenas and stay there when freed: a DQN run's resident memory
-    # crept up ~80 MB over 100k steps of host copies and checkpoints. A fixed threshold stops it.
-    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
 
 
 def after_imports() -> None:
