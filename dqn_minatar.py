@@ -49,8 +49,8 @@ class Args(contract.RunArgs):
     learning_rate: float = 2.5e-4
     """the learning rate of the Adam optimizer (Dopamine's MinAtar DQN)"""
     anneal_lr: bool = False
-    """anneal the learning rate linearly to 0 over all gradient steps (off: Dopamine's constant
-    rate)"""
+    """anneal the learning rate linearly to 0 over the run's gradient steps, those the warm-up
+    skips counted too, so that it ends just above 0 (off: Dopamine's constant rate)"""
     adam_eps: float = 3.125e-4
     """Adam's epsilon (Dopamine's MinAtar DQN: 0.01 / batch_size)"""
     num_envs: int = 32
