@@ -281,6 +281,9 @@ class Run:
         if not self.completed:
             return
         eval_start = time.time()
+        # glibc keeps what training's host copies freed (its mmap threshold rises with each
+        # large block freed): handed back here, the evaluation's peak does not sit on top of it
+        startup.release_freed_memory()
         step = self.summary["global_step"]
         self.summary["eval"] = visualize.evaluate_and_draw(
             self.play, self.parameters(state), self.history, self.log, self.run_dir, step,
