@@ -232,6 +232,19 @@ def reach(r: dict, b: dict, p: str) -> str:
     return "; ".join(shown)
 
 
+def at_steps(r: dict, steps: int, p: str) -> str:
+    """The seeds' mean evaluation under protocol p (r's own policy) at the evaluation during
+    training (--eval-every) nearest `steps`, within 5% of it; "" where a seed was not evaluated
+    there (a run not that far yet, or evaluated at other steps)."""
+    name, values = {"g": "gymnax", "m": "minatar"}[p], []
+    for curve in r["eval_curves"]:
+        near = np.abs(np.asarray(curve["steps"]) - steps) if curve else np.array([np.inf])
+        if near.min() > 0.05 * steps:
+            return ""
+        values.append(curve[f"{name}/{r['policy']}"][int(near.argmin())])
+    return f"{np.mean(values):.1f}"
+
+
 ONE = {  # cells of one protocol's per-seed returns x (and the baseline's, bx)
     "per_seed": lambda x, bx: ", ".join(f"{v:.1f}" for v in x),
     "mean": lambda x, bx: ci(stats.summarize(x)["mean"]),
@@ -279,6 +292,8 @@ def cell(template: str, row: dict, r: dict, b: dict | None, protocol: str) -> st
             return PROTOCOLS[protocol][1]
         if name == "reach":  # where r's evaluations during training first reach b's mean
             return reach(r, b, p)
+        if at := re.fullmatch(r"at(\d+)M", name):  # e.g. {at2M:g}: its evaluation at 2M steps
+            return at_steps(who, int(at[1]) * 10**6, p)
         return WHOLE[name](who, other) if name in WHOLE else str(row[name])
     return CELL.sub(one, template)
 

@@ -200,6 +200,23 @@ def test_reach_is_the_first_evaluation_at_or_above_the_baselines_mean():
     assert make_tables.reach(r, b, "g") == "2.0M steps, 200 s; 2.0M steps, 200 s"
 
 
+def test_at_steps_is_the_seeds_mean_evaluation_nearest_those_steps():
+    # Two seeds evaluated every 244 iterations of 4096 steps, as a 10M DQN run is; the second
+    # seed stopped before 3M.
+    steps = [999_424, 1_998_848, 2_998_272]
+    curves = [{"steps": steps, "gymnax/greedy": [10.0, 20.0, 30.0],
+               "minatar/greedy": [1.0, 2.0, 3.0]},
+              {"steps": steps[:2], "gymnax/greedy": [14.0, 40.0], "minatar/greedy": [5.0, 6.0]}]
+    r = {"policy": "greedy", "eval_curves": curves}
+    assert make_tables.at_steps(r, 1_000_000, "g") == "12.0"
+    assert make_tables.at_steps(r, 2_000_000, "g") == "30.0"
+    assert make_tables.at_steps(r, 2_000_000, "m") == "4.0"
+    assert make_tables.at_steps(r, 3_000_000, "g") == ""  # not every seed got there
+    assert make_tables.at_steps({**r, "eval_curves": curves[:1]}, 3_000_000, "g") == "30.0"
+    assert make_tables.at_steps({**r, "eval_curves": curves[:1]}, 4_000_000, "g") == ""
+    assert make_tables.cell("{at2M:g} / {at2M:m}", {}, r, None, "g") == "30.0 / 4.0"
+
+
 def test_a_script_runs_sps_cell_is_each_seeds_own():
     # results_table.py's rows, one per seed, each with the SPS its run measured.
     evaluation = {"greedy": {"mean": 1.0}, "sticky_0.1": {"greedy": {"mean": 1.0}}}
