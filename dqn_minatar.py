@@ -576,13 +576,12 @@ def main() -> None:
     with training.Run(sys.modules[__name__], args, agent, env, env_params) as run:
         runner = run.state  # fresh, or --resume's (None with --load-model: no training)
         for iteration in run.iterations():  # after Ctrl-C, no further iteration
-            next_runner, metrics = run.update_step(runner)
+            runner, metrics = run.update_step(runner)  # the old runner's memory is reused
             metrics = jax.device_get(metrics)  # the one host transfer per iteration
             run.log_iteration(iteration, metrics, iteration_scalars(metrics))
-            if not metrics["finite"]:  # stop, keeping the parameters from before it
+            if not metrics["finite"]:  # stop; the parameters from before it are saved
                 run.stop_non_finite(iteration, first_non_finite(metrics))
                 break
-            runner = next_runner
             run.end_iteration(iteration, runner)  # progress; checkpoint (buffer included)
         run.finish(runner)  # the last checkpoint
         run.evaluate(runner)  # both protocols, both policies: summary.json, play.gif, pictures

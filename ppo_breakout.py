@@ -532,7 +532,7 @@ def moments_over_devices(advantages: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 def make_parallel_update_step(args: Args, env, env_params, network: hk.Transformed,
                               optimizer: optax.GradientTransformation, mesh: Mesh):
-    """`make_update_step`'s step over the devices of the mesh, jitted. Under `jax.shard_map` each
+    """`make_update_step`'s step over the devices of the mesh. Under `jax.shard_map` each
     device runs the one-device iteration on its share of the environments, with its own key (its
     own actions and minibatch order), the whole minibatch's advantage moments and the devices'
     mean gradient: each step is the one-device step on the whole minibatch. The metrics are then
@@ -556,7 +556,7 @@ def make_parallel_update_step(args: Args, env, env_params, network: hk.Transform
         runner, iteration = iterate(runner)
         return runner, iteration_metrics(args, iteration, runner.train_state)
 
-    return jax.jit(update_step)
+    return update_step  # jitted by the run, which donates it the state
 
 
 # --------------------------------------------------------------------------------------------------
@@ -655,14 +655,13 @@ def main() -> None:
     with training.Run(sys.modules[__name__], args, agent, env, env_params) as run:
         runner = run.state  # fresh, or --resume's (None with --load-model: no training)
         for iteration in run.iterations():  # after Ctrl-C, no further iteration
-            next_runner, metrics = run.update_step(runner)
+            runner, metrics = run.update_step(runner)  # the old runner's memory is reused
             metrics = jax.device_get(metrics)  # the one host transfer per iteration
             run.log_iteration(iteration, metrics, iteration_scalars(args, metrics),
                               metrics.get("histograms"))
-            if not metrics["finite"]:  # stop, keeping the parameters from before it
+            if not metrics["finite"]:  # stop; the parameters from before it are saved
                 run.stop_non_finite(iteration, first_non_finite(metrics))
                 break
-            runner = next_runner
             run.end_iteration(iteration, runner)  # progress; checkpoint and --eval-every
         run.finish(runner)  # the last checkpoint
         run.evaluate(runner)  # both protocols, both policies: summary.json, play.gif, pictures

@@ -583,7 +583,8 @@ def test_parallel_update_step_keeps_every_device_on_the_same_parameters():
                                        num_envs=args.num_envs),
 
                      out_shardings=parallel.shardings(mesh, ppo.RUNNER_SPECS))(jax.random.key(0))
-    update_step = ppo.make_parallel_update_step(args, env, env_params, network, optimizer, mesh)
+    update_step = jax.jit(ppo.make_parallel_update_step(args, env, env_params, network, optimizer,
+                                                        mesh))
     start = runner.train_state.params
     for _ in range(args.num_iterations):
         runner, metrics = update_step(runner)

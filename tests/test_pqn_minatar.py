@@ -317,8 +317,8 @@ def test_the_update_learns_known_q_values_on_a_probe():
     runner = jax.device_put(pqn.init_runner(jax.random.key(0), env, env.default_params, network,
                                             optimizer, args.num_envs),
                             parallel.shardings(mesh, pqn.RUNNER_SPECS))
-    update_step = pqn.make_parallel_update_step(args, env, env.default_params, network, optimizer,
-                                                mesh)
+    update_step = jax.jit(pqn.make_parallel_update_step(args, env, env.default_params, network,
+                                                        optimizer, mesh))
     for _ in range(args.num_iterations):  # one at a time, as main's loop: two-device programs
         runner, _ = jax.block_until_ready(update_step(runner))  # queued up can deadlock XLA:CPU
     for leaf in jax.tree.leaves(runner.train_state.params):

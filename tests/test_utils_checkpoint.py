@@ -4,6 +4,7 @@ checkpoints: test_ppo_breakout_run.py."""
 
 import glob
 import os
+import threading
 
 import jax
 import numpy as np
@@ -31,27 +32,36 @@ def test_a_state_with_a_typed_key_round_trips_bit_for_bit(tmp_path):
                            state | {"x": np.zeros((2, 4), np.float32)})
 
 
-def test_a_state_written_from_its_arrays_is_the_file_its_bytes_make(tmp_path):
-    # What a checkpoint writes (write_state: safetensors straight from the arrays into the file,
-    # the way a replay buffer is not copied in memory) is the file state_bytes's bytes make: the
-    # same tensors and header (safetensors orders a header's keys by chance).
-    state = {"key": jax.random.key(5), "buffer": np.arange(24, dtype=np.uint8).reshape(2, 3, 4),
+def test_a_checkpoint_holds_the_state_as_saved_while_the_next_step_takes_over_its_memory(
+        tmp_path, monkeypatch):
+    # The run's update step is donated the state it steps: a checkpoint still being written must
+    # neither read the memory the next state is written into nor keep the state from being donated
+    # (then each checkpoint would cost a second state). Its write waits here until the step ran.
+    state = {"key": jax.random.key(5), "buffer": jax.numpy.arange(24, dtype=jax.numpy.uint8),
              "x": jax.numpy.linspace(0.0, 1.0, 7)}
-    header = {"iteration": "3"}
-    path = str(tmp_path / "checkpoint.safetensors")
+    saved = jax.tree.map(np.array, jax.random.key_data(state["key"])), np.array(state["x"])
+    stepped, write = threading.Event(), checkpoint.Checkpointer.write
+    monkeypatch.setattr(checkpoint.Checkpointer, "write",
+                        lambda self, *a: (stepped.wait(10), write(self, *a)))
+    path = str(tmp_path / checkpoint.CHECKPOINT)
     with open(path, "wb") as f:
         f.write(b"the last checkpoint, replaced whole")
-    checkpoint.write_state(path, {"runner": state}, header)
-    assert os.listdir(tmp_path) == ["checkpoint.safetensors"]  # no temporary file left
-    expected = str(tmp_path / "expected.safetensors")
-    with open(expected, "wb") as f:
-        f.write(checkpoint.state_bytes({"runner": state}, header))
-    (tensors, written), (want, want_header) = (files.read_safetensors(p, "") for p in
-                                               (path, expected))
-    assert written == want_header and sorted(tensors) == sorted(want)
-    for name in want:
-        assert tensors[name].dtype == want[name].dtype
-        np.testing.assert_array_equal(tensors[name], want[name])
+    log = logger.RunLog(str(tmp_path), step=0)
+    checkpoints = checkpoint.Checkpointer(ppo.__file__, str(tmp_path), ppo.Args(), log)
+    checkpoints.save(state, checkpoint.fresh_start(), step=7)
+    step = jax.jit(lambda s: jax.tree.map(lambda x: x if x.dtype == state["key"].dtype else x + 1,
+                                          s), donate_argnums=0)
+    new_state = jax.block_until_ready(step(state))
+    assert state["x"].is_deleted() and state["buffer"].is_deleted()  # donated, not kept
+    stepped.set()
+    checkpoints.close()
+    log.close()
+    assert sorted(os.listdir(tmp_path))[0] == checkpoint.CHECKPOINT  # no temporary file left
+    tensors, header = files.read_safetensors(path, "")
+    np.testing.assert_array_equal(tensors["runner['x']"], saved[1])
+    np.testing.assert_array_equal(tensors["runner['buffer']"], np.arange(24, dtype=np.uint8))
+    np.testing.assert_array_equal(tensors["runner['key']"], saved[0])
+    assert not np.array_equal(tensors["runner['x']"], new_state["x"])
 
 
 def test_what_was_logged_before_a_checkpoint_is_on_disk_once_the_checkpoint_is(tmp_path):

@@ -1,11 +1,13 @@
 """Tests of utils/training.py: the run around a script's training loop, taken through a minimal
 script that keeps the contract (tests/tiny_pg.py). It trains with checkpoints, a run stopped by
-SIGTERM resumes to the uninterrupted run bit for bit, and its saved model plays to the training
-run's own evaluation. Each script's own runs, the way a user runs them: test_<script>_run.py."""
+SIGTERM resumes to the uninterrupted run bit for bit, its saved model plays to the training run's
+own evaluation, and each update step takes over the state before it. Each script's own runs, the
+way a user runs them: test_<script>_run.py."""
 
 import os
 import signal
 
+import jax
 import numpy as np
 import pytest
 import safetensors.numpy
@@ -89,6 +91,23 @@ def bad_header_values(script) -> list[tuple[str, object]]:
 
 
 SCRIPTS = ["ppo_breakout", "pqn_minatar", "dqn_minatar"]
+
+
+def test_each_update_step_writes_the_new_state_into_the_old_ones_memory(tmp_path, monkeypatch):
+    # Donated: a run holds one training state (one replay buffer), not the old and the new.
+    states, end_iteration = [], training.Run.end_iteration
+
+    def keep_state(run, iteration, state):
+        states.append(state)
+        end_iteration(run, iteration, state)
+
+    monkeypatch.setattr(training.Run, "end_iteration", keep_state)
+    result = run_main(tiny_pg, tmp_path, *TINY)
+    assert result.returncode == 0, result.stderr
+    assert len(states) == 8
+    for state in states[:-1]:
+        assert all(leaf.is_deleted() for leaf in jax.tree.leaves(state))
+    assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(states[-1]))
 
 
 @pytest.mark.parametrize("script_name", SCRIPTS)

@@ -159,13 +159,12 @@ def main() -> None:
     with training.Run(sys.modules[__name__], args, agent, env, env_params) as run:
         state = run.state
         for iteration in run.iterations():
-            next_state, metrics = run.update_step(state)
+            state, metrics = run.update_step(state)
             metrics = jax.device_get(metrics)
             run.log_iteration(iteration, metrics, {"losses/loss": metrics["loss"]})
             if not metrics["finite"]:
                 run.stop_non_finite(iteration, "losses/loss")
                 break
-            state = next_state
             run.end_iteration(iteration, state)
         run.finish(state)
         run.evaluate(state)

@@ -60,24 +60,19 @@ def state_bytes(trees: dict, header: dict[str, str]) -> bytes:
     return safetensors.numpy.save(*state_tensors(trees, header))
 
 
-def write_state(path: str, trees: dict, header: dict[str, str]) -> None:
-    """state_bytes's file written to `path` atomically, from the arrays themselves: the bytes of a
-    large state (a replay buffer) are never copied into memory first."""
-    tensors, header = state_tensors(trees, header)
-    write_atomically(path, lambda name: safetensors.numpy.save_file(tensors, name, header))
-
-
-def state_tensors(trees: dict, header: dict[str, str]) -> tuple[dict[str, np.ndarray],
-                                                                 dict[str, str]]:
+def state_tensors(trees: dict, header: dict[str, str], copy: bool = False
+                  ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The pytrees in `trees` ({prefix: tree}) as safetensors' tensors and header: a leaf is the
     tensor `prefix + keystr(its path)`; a typed random key is stored as its raw data (safetensors
-    holds numbers only), its implementation in the header's key_impls."""
+    holds numbers only), its implementation in the header's key_impls. With `copy`, the tensors
+    are the host's own copies, which outlive the arrays (on the CPU, device_get's arrays share
+    the device's memory)."""
     leaves = jax.tree_util.tree_flatten_with_path(trees)[0]
     names = [f"{key_path[0].key}{jax.tree_util.keystr(key_path[1:])}" for key_path, _ in leaves]
     key_impls = {name: str(jax.random.key_impl(x))
                  for name, (_, x) in zip(names, leaves) if is_key(x)}
     raw = jax.device_get([jax.random.key_data(x) if is_key(x) else x for _, x in leaves])  # at once
-    tensors = {name: np.asarray(x) for name, x in zip(names, raw)}
+    tensors = {name: np.array(x, copy=copy) for name, x in zip(names, raw)}
     return tensors, header | {"key_impls": json.dumps(key_impls)}
 
 
@@ -136,8 +131,8 @@ class Checkpointer:
         self.pending = None
 
     def save(self, state, progress: Progress, step: int) -> None:
-        """Writes `state` (a pytree whose arrays do not change: JAX's do not) and `progress`,
-        `step` being the environment step the state is at."""
+        """Writes `state` and `progress`, `step` being the environment step the state is at. The
+        state is copied to the host first: the next update step takes over its memory."""
         self.wait()
         self.log.flush()  # first the log up to the checkpoint's step, then the checkpoint
         kept = sum(s <= step for s in progress.history.steps)  # a non-finite stop: before it
@@ -146,10 +141,13 @@ class Checkpointer:
         header = self.header | {"iteration": progress.iteration,
                                 "train_seconds": progress.train_seconds}
         header = {name: json.dumps(value) for name, value in header.items()}
-        self.pending = self.disk.submit(self.write, {"runner": state, "history": history}, header)
+        tensors = state_tensors({"runner": state, "history": history}, header, copy=True)
+        self.pending = self.disk.submit(self.write, *tensors)
 
-    def write(self, trees: dict, header: dict[str, str]) -> None:  # in the background thread
-        write_state(self.path, trees, header)
+    def write(self, tensors: dict[str, np.ndarray], header: dict[str, str]) -> None:
+        """In the background thread."""
+        write_atomically(self.path,
+                         lambda name: safetensors.numpy.save_file(tensors, name, header))
 
     def wait(self) -> None:
         """Returns once the last checkpoint is on disk; raises what its write raised."""

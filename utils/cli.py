@@ -187,14 +187,15 @@ def default_num_devices(num_devices: int, *sizes: int) -> int:
 def check_memory(what: str, state, compiled=None) -> None:
     """ValueError where `what` would need more memory than the OS can give: the training state
     (`state`, arrays or their shapes, e.g. from jax.eval_shape) and, once `compiled` (an
-    ahead-of-time compiled program), what XLA says the program holds at once besides it."""
+    ahead-of-time compiled program), what XLA says the program holds at once besides it (an
+    output written into a donated argument's memory counts once)."""
     import jax
 
     needed = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(state))
     if compiled is not None:
         analysis = compiled.memory_analysis()
         needed = max(needed, analysis.argument_size_in_bytes) + analysis.temp_size_in_bytes \
-            + analysis.output_size_in_bytes
+            + analysis.output_size_in_bytes - analysis.alias_size_in_bytes
     available = available_memory_bytes()
     if needed > available:
         raise ValueError(f"{what} would need about {needed / 2**30:,.1f} GiB of memory and "

@@ -96,10 +96,15 @@ class Agent(NamedTuple):
     - `init(key) -> state`: the whole training state before the first iteration (a pytree of
       arrays: parameters, optimizer state, environments, buffers, keys), from the run's key.
     - `update_step(state) -> (state, metrics)`: one iteration on one device, not jitted: the code
-      a reader follows. The machinery jits it.
-    - `parallel_update_step(mesh) -> jitted update step` over the devices of `mesh` (its axis
-      named utils.parallel.AXIS), computing what `update_step` computes; None where the script
-      runs on one device only.
+      a reader follows. The machinery jits it with the state donated (JAX's donate_argnums): the
+      new state is written into the old one's memory, and the state handed in is gone after the
+      call. A script's loop keeps only the state returned (`state, metrics =
+      run.update_step(state)`); the machinery keeps what it needs of the old one (a checkpoint's
+      host copy, the parameters a non-finite stop saves).
+    - `parallel_update_step(mesh) -> update step` over the devices of `mesh` (its axis named
+      utils.parallel.AXIS), under `jax.shard_map`, not jitted (the machinery jits and donates as
+      above), computing what `update_step` computes; None where the script runs on one device
+      only.
     - `state_specs`: the state's PartitionSpecs on that mesh (a pytree of the state's structure).
     - `params(state) -> params`: the network's parameters in the state.
     - `act(params, obs, key, greedy) -> actions`: the policy on a batch of observations; greedy

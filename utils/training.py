@@ -5,8 +5,9 @@ pictures, the model file and summary.json.
 
 A script's `main` reads: `args = parse_args(script)`, the environment, `agent = make_agent(...)`,
 then `with Run(script, args, agent, env, env_params) as run:` its loop over `run.iterations()`
-calling `run.update_step`, `log_iteration` and `end_iteration`, and after it `finish`, `evaluate`
-and `save_model`."""
+calling `state, metrics = run.update_step(state)`, `log_iteration` and `end_iteration`, and after
+it `finish`, `evaluate` and `save_model`. The update step takes over the state it is given (JAX's
+donation): the new state is written into the old one's memory, which is gone after the call."""
 
 import os
 import sys
@@ -83,6 +84,8 @@ class Run:
 
     def __init__(self, script, args, agent, env, env_params):
         self.script, self.args, self.agent = script.__file__, args, agent
+        self.params = None  # --load-model's; in training, those of the last finite state
+        self.status = None  # how training ended: completed, interrupted or non_finite
         self.headline = script.HEADLINE_POLICY
         self.network_args = script.NETWORK_ARGS
         compile_start = time.time()
@@ -92,7 +95,6 @@ class Run:
         self.iteration = self.start.iteration  # the last finite iteration
         self.recent_return = self.history.returns[-1] if self.history.returns else float("nan")
         self.every_tenth = max(1, args.num_iterations // 10)
-        self.status = None
 
     def compile(self, script, env, env_params) -> Progress:
         """Reads --load-model's parameters or --resume's checkpoint (a file that cannot be used
@@ -119,22 +121,24 @@ class Run:
                 init = jax.jit(agent.init, out_shardings=shardings)
                 step = agent.parallel_update_step(mesh)
             else:
-                shardings, init, step = None, jax.jit(agent.init), jax.jit(agent.update_step)
+                shardings, init, step = None, jax.jit(agent.init), agent.update_step
+            # The state is donated: each step writes the new state into the old one's memory, so
+            # that a run holds one state (a replay buffer once, not twice) and allocates none anew.
+            step = jax.jit(step, donate_argnums=0)
             # Compiled from the state's shapes, and its memory checked, before any is allocated.
             like = jax.eval_shape(init, runner_key)
             cli.or_exit(cli.check_memory, "training", like)
-            self.update_step = step.lower(like).compile()
+            self.compiled_step = step.lower(like).compile()
             startup.release_freed_memory()  # the compiler's, before the evaluation's compile
-            cli.or_exit(cli.check_memory, "training", like, self.update_step)
+            cli.or_exit(cli.check_memory, "training", like, self.compiled_step)
             if args.resume:  # read before anything is written
                 self.state, start = cli.or_exit(checkpoint.load_checkpoint, self.script,
                                                 args.resume, like, shardings)
             else:
                 self.state = init(runner_key)
-            self.params = agent.params(self.state)
         self.play = evaluation.compile_final_evaluation(
             env, args.env_id, env_params, agent.act, args.eval_episodes, args.num_devices,
-            eval_key, self.params)
+            eval_key, self.parameters(self.state))
         startup.release_freed_memory()  # what the compiler used
         return start
 
@@ -167,6 +171,13 @@ class Run:
         return self
 
     # ---- the training loop ------------------------------------------------------------------
+    def update_step(self, state):
+        """One iteration: (the new state, its metrics), from the compiled update step, which takes
+        over `state` (donated: its arrays are gone after the call). A copy of `state`'s
+        parameters is kept first, for a non-finite stop to save."""
+        self.params = jax.tree.map(lambda x: x.copy(), self.agent.params(state))
+        return self.compiled_step(state)
+
     def iterations(self):
         """The iterations left, from the one after the start; none more once a signal came, and
         none with --load-model."""
@@ -245,13 +256,14 @@ class Run:
         self.status, self.non_finite = "non_finite", (iteration, what)
 
     def finish(self, state) -> None:
-        """After the loop: the last checkpoint, of `state` (after a non-finite value, the last
-        finite one), and summary.json's training fields. Nothing with --load-model."""
+        """After the loop: the last checkpoint, of `state`, and summary.json's training fields.
+        After a non-finite stop `state` is not finite: the checkpoint stays the last one written
+        before it. Nothing with --load-model."""
         if self.args.load_model:
             return
         iterations = self.iteration
         step = iterations * self.args.steps_per_iteration
-        if self.checkpoints:
+        if self.checkpoints and self.status != "non_finite":
             self.checkpoints.save(state, Progress(iterations, self.history, self.elapsed), step)
         fields = {"status": self.status, "global_step": step, "iterations": iterations,
                   "train_seconds": self.elapsed, "sps": step / self.elapsed if step else 0.0}
@@ -272,8 +284,11 @@ class Run:
         return self.summary["status"] == "completed"
 
     def parameters(self, state):
-        """The parameters of `state`, or --load-model's where it is None."""
-        return self.params if state is None else self.agent.params(state)
+        """The parameters of `state`; --load-model's where it is None, and after a non-finite stop
+        those from before it."""
+        if state is None or self.status == "non_finite":
+            return self.params
+        return self.agent.params(state)
 
     def evaluate(self, state) -> None:
         """Once training completed: the final evaluations of `state`'s policy, drawn with the
@@ -297,7 +312,7 @@ class Run:
         if not self.args.save_model or self.args.load_model:
             return
         self.summary["model"] = model.save_run_model(
-            self.run_dir, self.args, self.agent.params(state), self.network_args,
+            self.run_dir, self.args, self.parameters(state), self.network_args,
             self.summary["global_step"])
 
     def __exit__(self, *exc_info) -> None:
