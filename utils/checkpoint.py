@@ -135,7 +135,7 @@ class Checkpointer:
         state is copied to the host first: the next update step takes over its memory."""
         self.wait()
         self.log.flush()  # first the log up to the checkpoint's step, then the checkpoint
-        kept = sum(s <= step for s in progress.history.steps)  # a non-finite stop: before it
+        kept = sum(s <= step for s in progress.history.steps)  # the curve up to the state
         history = History(*(np.array(column[:kept], dtype) for column, dtype in
                             zip(progress.history, (np.int64, np.float64, np.float64))))
         header = self.header | {"iteration": progress.iteration,
