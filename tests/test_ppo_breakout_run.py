@@ -422,6 +422,7 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_finite_parameters(tm
     assert summary["status"] == "non_finite" and summary["non_finite_iteration"] == 1
     assert summary["non_finite"] in line and "eval" not in summary
     assert "charts/SPS" in read_scalars(run_dir)  # the log was flushed and reads back
+    assert not os.path.exists(os.path.join(run_dir, "checkpoint.safetensors"))  # none is finite
     args = tyro.cli(ppo.Args, args=TINY)
     saved = model_file.load_model(os.path.join(run_dir, "model.safetensors"), network_args(args),
                                   tiny_network_params(args))

@@ -51,11 +51,13 @@ def test_a_checkpoint_holds_the_state_as_saved_while_the_next_step_takes_over_it
     checkpoints.save(state, checkpoint.fresh_start(), step=7)
     step = jax.jit(lambda s: jax.tree.map(lambda x: x if x.dtype == state["key"].dtype else x + 1,
                                           s), donate_argnums=0)
-    new_state = jax.block_until_ready(step(state))
-    assert state["x"].is_deleted() and state["buffer"].is_deleted()  # donated, not kept
-    stepped.set()
-    checkpoints.close()
-    log.close()
+    try:
+        new_state = jax.block_until_ready(step(state))
+        assert state["x"].is_deleted() and state["buffer"].is_deleted()  # donated, not kept
+    finally:
+        stepped.set()
+        checkpoints.close()
+        log.close()
     assert sorted(os.listdir(tmp_path))[0] == checkpoint.CHECKPOINT  # no temporary file left
     tensors, header = files.read_safetensors(path, "")
     np.testing.assert_array_equal(tensors["runner['x']"], saved[1])

@@ -99,11 +99,17 @@ class Agent(NamedTuple):
       a reader follows. The machinery jits it with the state donated (JAX's donate_argnums): the
       new state is written into the old one's memory, and the state handed in is gone after the
       call. A script's loop keeps only the state returned (`state, metrics =
-      run.update_step(state)`); the machinery keeps what it needs of the old one (a checkpoint's
-      host copy, the parameters a non-finite stop saves).
+      run.update_step(state)`) and uses anything of the old one (its parameters, say) before the
+      step; the machinery keeps what it needs of it (a checkpoint's host copy, the parameters a
+      non-finite stop saves). On the CPU a NumPy view of a state's array (`np.asarray`,
+      `jax.device_get`) still alive at the step makes JAX skip the donation without a word: the
+      step then allocates a second state. When `metrics["finite"]` is False the loop calls
+      `run.stop_non_finite` and breaks before `end_iteration`, and hands that last state to
+      `finish`, `evaluate` and `save_model` all the same (they know it is not finite).
     - `parallel_update_step(mesh) -> update step` over the devices of `mesh` (its axis named
       utils.parallel.AXIS), under `jax.shard_map`, not jitted (the machinery jits and donates as
-      above), computing what `update_step` computes; None where the script runs on one device
+      above; the new state's specs must be `state_specs`, or it cannot take the old one's
+      memory), computing what `update_step` computes; None where the script runs on one device
       only.
     - `state_specs`: the state's PartitionSpecs on that mesh (a pytree of the state's structure).
     - `params(state) -> params`: the network's parameters in the state.

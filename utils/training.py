@@ -74,12 +74,12 @@ def parse_args(script, argv: list[str] | None = None):
 
 
 class Run:
-    """A run of `script` with `args`: made, it has compiled the agent's update step (`update_step`)
-    and the final evaluation, and holds the state training starts from (`state`: fresh, or
-    --resume's checkpoint; None with --load-model, whose parameters it holds). `with run:` opens
-    its directory (new, or --resume's), log, summary.json and signal handlers; in the loop,
-    `log_iteration` and `end_iteration` keep the books of each iteration, `finish` those of
-    training; on leaving, summary.json is written however the run ended, and `exit_code` says
+    """A run of `script` with `args`: made, it has compiled the agent's update step (run by
+    `update_step(state)`) and the final evaluation, and holds the state training starts from
+    (`state`: fresh, or --resume's checkpoint; None with --load-model, whose parameters it holds).
+    `with run:` opens its directory (new, or --resume's), log, summary.json and signal handlers; in
+    the loop, `log_iteration` and `end_iteration` keep the books of each iteration, `finish` those
+    of training; on leaving, summary.json is written however the run ended, and `exit_code` says
     how."""
 
     def __init__(self, script, args, agent, env, env_params):
@@ -271,8 +271,10 @@ class Run:
             fields["resumed_at_step"] = self.start.iteration * self.args.steps_per_iteration
         if self.status == "non_finite":
             iteration, what = self.non_finite
-            print(f"error: {what} is non-finite in iteration {iteration}; stopped and saved the "
-                  f"parameters from before it (step {step:,})", file=sys.stderr)
+            kept = ("saved the parameters from before it" if self.args.save_model
+                    else "saved nothing (--no-save-model)")
+            print(f"error: {what} is non-finite in iteration {iteration}; stopped and {kept} "
+                  f"(step {step:,})", file=sys.stderr)
             fields.update(non_finite=what, non_finite_iteration=iteration)
         elif self.status == "interrupted":
             print(f"interrupted at step {step:,}", file=sys.stderr)
