@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 import safetensors.numpy
 
+import ppo_breakout as ppo
 import tiny_pg
+from helpers import TINY as PPO_TINY
 from helpers import only_run_dir, read_summary, run_main
 from utils import checkpoint, training
 
@@ -93,7 +95,12 @@ def bad_header_values(script) -> list[tuple[str, object]]:
 SCRIPTS = ["ppo_breakout", "pqn_minatar", "dqn_minatar"]
 
 
-def test_each_update_step_writes_the_new_state_into_the_old_ones_memory(tmp_path, monkeypatch):
+@pytest.mark.parametrize("script, flags, iterations", [
+    (tiny_pg, TINY, 8),  # one device
+    (ppo, [*PPO_TINY, "--num-devices", "2", "--checkpoint-every", "1"], 2),  # shard_map's step
+])
+def test_each_update_step_writes_the_new_state_into_the_old_ones_memory(script, flags, iterations,
+                                                                        tmp_path, monkeypatch):
     # Donated: a run holds one training state (one replay buffer), not the old and the new.
     states, end_iteration = [], training.Run.end_iteration
 
@@ -102,9 +109,9 @@ def test_each_update_step_writes_the_new_state_into_the_old_ones_memory(tmp_path
         end_iteration(run, iteration, state)
 
     monkeypatch.setattr(training.Run, "end_iteration", keep_state)
-    result = run_main(tiny_pg, tmp_path, *TINY)
+    result = run_main(script, tmp_path, *flags)
     assert result.returncode == 0, result.stderr
-    assert len(states) == 8
+    assert len(states) == iterations
     for state in states[:-1]:
         assert all(leaf.is_deleted() for leaf in jax.tree.leaves(state))
     assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(states[-1]))
