@@ -72,8 +72,9 @@ def state_tensors(trees: dict, header: dict[str, str], copy: bool = False
     key_impls = {name: str(jax.random.key_impl(x))
                  for name, (_, x) in zip(names, leaves) if is_key(x)}
     raw = jax.device_get([jax.random.key_data(x) if is_key(x) else x for _, x in leaves])  # at once
-    tensors = {name: np.array(x) if copy and not np.asarray(x).flags.owndata else np.asarray(x)
-               for name, x in zip(names, raw)}
+    tensors = {name: np.asarray(x) for name, x in zip(names, raw)}
+    if copy:  # only the views: off the CPU, device_get's arrays are the host's own already
+        tensors = {name: x if x.flags.owndata else x.copy() for name, x in tensors.items()}
     return tensors, header | {"key_impls": json.dumps(key_impls)}
 
 
