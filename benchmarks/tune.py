@@ -41,14 +41,8 @@ import time
 from collections.abc import Callable
 from typing import Annotated, NamedTuple
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from utils import startup  # noqa: E402  (the standard library's modules alone)
-
-# Before JAX starts: the scripts' XLA flags, and one CPU device per core.
-startup.configure_xla()
 num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(num_cores or 1))
+os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(num_cores or 1))  # before JAX starts
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -57,8 +51,10 @@ import tyro  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 from benchmarks import common, stats  # noqa: E402
-from utils import checkpoint, cli, contract, files  # noqa: E402
+from utils import checkpoint, cli, contract, files, startup  # noqa: E402
 from utils.env import make_env  # noqa: E402
 from utils.evaluation import PROTOCOLS, SAFETY_BOUND, evaluate, protocol_params  # noqa: E402
 

@@ -11,22 +11,22 @@ through tests/tiny_pg.py, the minimal script that keeps the contract)."""
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from utils import startup  # noqa: E402  (the standard library's modules alone)
-
 os.environ["JAX_NUM_CPU_DEVICES"] = "2"  # before JAX starts; inherited by the scripts' subprocesses
 # The suite checks what programs compute, not how fast they run. With XLA's backend optimisations
-# off, beside the CPU fusion emitters that the scripts turn off (startup.XLA_FLAGS), the runs'
-# programs compile in less than half the time. Results move in float32's last digits (a tiny run's
-# parameters by ~1e-6), and every test compares runs made under this same setting.
-os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0"
-startup.configure_xla()
+# and its CPU fusion emitters off, the runs' programs compile in less than half the time. Results
+# move in float32's last digits (a tiny run's parameters by ~1e-6), and every test compares runs
+# made under this same setting.
+os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0"
+                           " --xla_cpu_use_fusion_emitters=false")
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
 import ppo_breakout as ppo  # noqa: E402
 from helpers import TINY, only_run_dir, run_in_process  # noqa: E402
+from utils import startup  # noqa: E402
 
 JAX_MIN_COMPILE_SECONDS = jax.config.jax_persistent_cache_min_compile_time_secs  # JAX's own, 1 s
 # JAX decides at a process's first compile whether it uses the persistent cache, once: the one the

@@ -84,34 +84,3 @@ def test_glibc_gets_one_malloc_arena_per_core_unless_malloc_arena_max_is_set():
     cores = len(os.sched_getaffinity(0))
     assert mallopt_calls({}) == f"[({startup.M_ARENA_MAX}, {cores})]"
     assert mallopt_calls({"MALLOC_ARENA_MAX": "16"}) == "[]"
-
-
-XLA_FLAGS_SEEN = ("import os, sys; sys.path.insert(0, {root!r})\n"
-                  "from utils import startup; startup.before_imports()\n"
-                  "import jax; jax.jit(lambda x: x + 1)(1.0)\n"
-                  "print(os.environ['XLA_FLAGS'])")
-
-
-def test_xla_gets_the_scripts_flags_unless_xla_flags_names_them():
-    # A script's compiled programs, the harness's and the search's are one program only under the
-    # same flags; a flag the user set wins over startup's own.
-    def flags(given: str | None) -> list[str]:
-        env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-        env |= {} if given is None else {"XLA_FLAGS": given}
-        return subprocess.run([sys.executable, "-c", XLA_FLAGS_SEEN.format(root=ROOT)], env=env,
-                              capture_output=True, text=True, check=True).stdout.split()
-
-    assert flags(None) == ["--xla_cpu_use_fusion_emitters=false"] == list(startup.XLA_FLAGS)
-    assert flags("--xla_cpu_use_fusion_emitters=true --xla_force_host_platform_device_count=2") == [
-        "--xla_cpu_use_fusion_emitters=true", "--xla_force_host_platform_device_count=2"]
-    assert flags("--xla_backend_optimization_level=0") == [
-        "--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"]
-
-
-def test_the_harness_compiles_under_the_scripts_flags():
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-    code = (f"import os, sys; sys.path.insert(0, {ROOT!r}); from benchmarks import tune; "
-            "print(os.environ['XLA_FLAGS'])")
-    seen = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          check=True).stdout.split()
-    assert seen == list(startup.XLA_FLAGS)

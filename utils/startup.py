@@ -17,11 +17,6 @@ CACHE_MAX_BYTES = 2**30  # a search compiles a program per setting: the cache mu
 # pictures and the log, which a run needs only once its programs are compiled, its peak of memory.
 DEFERRED = ("seaborn", "matplotlib.pyplot", "boto3", "utils.visualize", "utils.logger")
 M_ARENA_MAX = -8  # glibc's mallopt parameter
-# XLA's CPU code for fused operations comes from its older emitters, not from its MLIR fusion
-# emitters (jaxlib's default): compiling DQN's update step for Seaquest then took ~125 MB of memory
-# instead of 330-470, the largest part of a cold-cache run's peak (docs/dqn_minatar.md, "Memory").
-# Programs compiled either way differ in float32's last digits, and so does a seed's run.
-XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
 
 
 class DeferredModule(types.ModuleType):
@@ -34,21 +29,11 @@ class DeferredModule(types.ModuleType):
         return getattr(importlib.import_module(self.__name__), name)
 
 
-def configure_xla() -> None:
-    """XLA_FLAGS's settings, each unless XLA_FLAGS already names it: for every entry point, before
-    JAX starts, so that a script, the harness and the search compile the same programs."""
-    given = os.environ.get("XLA_FLAGS", "").split()
-    names = {flag.split("=")[0] for flag in given}
-    added = [flag for flag in XLA_FLAGS if flag.split("=")[0] not in names]
-    os.environ["XLA_FLAGS"] = " ".join(given + added)
-
-
 def before_imports() -> None:
-    """For a script's __main__, before JAX starts (importing gymnax starts it): XLA's flags; one
-    CPU device per core and at least two, for the data-parallel update; the garbage collector off
-    while the imports load, their objects then frozen out of its later passes (after_imports); the
-    modules of DEFERRED imported only when something uses them; and one malloc arena per core."""
-    configure_xla()
+    """For a script's __main__, before JAX starts (importing gymnax starts it): one CPU device per
+    core and at least two, for the data-parallel update; the garbage collector off while the
+    imports load, their objects then frozen out of its later passes (after_imports); the modules of
+    DEFERRED imported only when something uses them; and one malloc arena per core."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(max(cores or 1, 2)))
     gc.disable()
