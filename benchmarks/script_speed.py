@@ -3,7 +3,8 @@ versions of it: an earlier commit, this tree, this tree with extra flags, and se
 device count.
 
 Each round runs every version once, alternating, so slow drifts of the machine hit every version
-alike; a first, unrecorded round warms the compilation cache. The script is any one in the
+alike; a first, unrecorded round warms the compilation cache (with --cold-cache, none: every run
+compiles its programs into a new, empty cache, as a first run does). The script is any one in the
 repository root that prints `summary: PATH` (ppo_breakout.py by default). Per run it records the
 wall time of the whole process, its peak resident memory, and summary.json's training SPS, compile,
 training and evaluation seconds and sampled return. Versions:
@@ -52,6 +53,8 @@ class Args:
     """CORES:DEVICES, one configuration each, for every version (e.g. 0:1 0,1:2)"""
     rounds: int = 5
     """recorded rounds (after one warm-up round)"""
+    cold_cache: bool = False
+    """each run with a new, empty --jax-cache-dir and no warm-up round: the peak of a first run"""
     out: str = ""
     """write the report here as JSON"""
 
@@ -64,8 +67,10 @@ class Version:
         self.tree, self.flags, self.cores, self.devices = tree, flags, cores, devices
         self.env = env or {}
 
-    def run(self, script: str, flags: list[str], workdir: str) -> dict:
+    def run(self, script: str, flags: list[str], workdir: str, cold_cache: bool = False) -> dict:
         prefix, devices = [], []
+        if cold_cache:  # a new cache per run, inside the work directory, removed with it
+            flags = [*flags, "--jax-cache-dir", tempfile.mkdtemp(prefix="cache", dir=workdir)]
         env = os.environ | self.env if self.env else None
         if self.cores:
             prefix = ["taskset", "-c", self.cores]
@@ -134,6 +139,8 @@ def main() -> None:
         flags = shlex.split(args.flags)
     except ValueError as e:  # an unclosed quote
         fail(f"--flags does not parse as a shell command line: {e}")
+    if args.cold_cache and any(f.startswith("--jax-cache-dir") for f in flags + list(args.variant)):
+        fail("--cold-cache gives every run its own --jax-cache-dir; leave it out of the flags")
     git = subprocess.run(["git", "-C", ROOT, "rev-parse", "--git-dir"], capture_output=True)
     if args.base and git.returncode:
         fail(f"--base {args.base[0]}: the earlier commit comes from a git checkout, and {ROOT} is "
@@ -150,8 +157,9 @@ def main() -> None:
                     fail(f"--base {commit}: {out.stderr.strip().splitlines()[-1]}")
                 added.append(tree)
             rounds = common.alternate(
-                {label: functools.partial(v.run, args.script, flags, workdir)
-                 for label, v in versions.items()}, args.rounds)
+                {label: functools.partial(v.run, args.script, flags, workdir, args.cold_cache)
+                 for label, v in versions.items()}, args.rounds,
+                warm_up=() if args.cold_cache else None)
         finally:
             for tree in added:
                 subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", tree],
@@ -163,6 +171,7 @@ def main() -> None:
                                versions=list(versions), rounds=rounds)
     if args.cores_devices:
         report["configs"] = list(args.cores_devices)
+    report["cache"] = "cold" if args.cold_cache else "warm"
     common.write_report(report, args.out, echo=False)
 
 

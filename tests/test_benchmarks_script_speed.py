@@ -1,13 +1,14 @@
 """Tests of benchmarks/script_speed.py: the versions it alternates, labelled as the committed
 reports are; bad input refused with one line before anything runs."""
 
+import json
 import os
 import subprocess
 import sys
 
 import pytest
 
-from benchmarks import script_speed
+from benchmarks import common, script_speed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -73,6 +74,8 @@ def empty_repository(tmp_path_factory):
     (["--base", "fc64c6e"], "missing", "error: --base fc64c6e: the earlier commit comes from a "
      "git checkout, and {root} is not one"),
     (["--out", "{existing}"], None, "error: --out {existing} exists; choose another name"),
+    (["--cold-cache", "--flags=--seed 1 --jax-cache-dir c"], None, "error: --cold-cache gives "
+     "every run its own --jax-cache-dir; leave it out of the flags"),
 ])
 def test_script_speed_refuses_bad_input_with_one_line_before_running_anything(
         tmp_path, empty_repository, flags, git_dir, message):
@@ -88,3 +91,33 @@ def test_script_speed_refuses_bad_input_with_one_line_before_running_anything(
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [message.format(existing=existing, root=ROOT)]
     assert existing.read_text() == "{}" and os.listdir(tmp_path) == ["kept.json"]
+
+
+@pytest.mark.parametrize("cold", [False, True])
+def test_a_cold_cache_gives_each_run_a_new_empty_cache_and_skips_the_warm_up(cold, tmp_path,
+                                                                             monkeypatch):
+    # A cold run's peak is what a first run of the script pays: one warm-up, or one cache shared
+    # by two runs, would measure the warm peak instead.
+    seen = []
+
+    def run_script(script, flags, cwd, tree, prefix, env):
+        cache = flags[flags.index("--jax-cache-dir") + 1] if "--jax-cache-dir" in flags else None
+        seen.append(cache and (os.path.dirname(cache) == cwd, os.listdir(cache)))
+        if cache:
+            open(os.path.join(cache, "entry-cache"), "w").close()  # what the run would leave
+        return None
+
+    monkeypatch.setattr(common, "run_script", run_script)
+    monkeypatch.setattr(common, "speed_fields", lambda run: {"wall_seconds": 1.0,
+                                                             "peak_memory_mb": 1.0})
+    out = tmp_path / "report.json"
+    monkeypatch.setattr(sys, "argv", ["script_speed.py", "--rounds", "2", "--variant=--x",
+                                      "--out", str(out), *(["--cold-cache"] if cold else [])])
+    script_speed.main()
+    report = json.loads(out.read_text())
+    assert report["cache"] == ("cold" if cold else "warm")
+    assert len(report["rounds"]) == 2
+    if cold:
+        assert seen == [(True, [])] * 4  # two versions, two rounds, no warm-up
+    else:
+        assert seen == [None] * 6  # a warm-up round, then two
