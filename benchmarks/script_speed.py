@@ -59,6 +59,22 @@ class Args:
     """write the report here as JSON"""
 
 
+PATH_FLAGS = ("--load-model", "--resume")  # the contract's flags that name a file or a run
+
+
+def absolute_paths(flags: list[str]) -> list[str]:
+    """The flags with each PATH_FLAGS value made absolute from this process's directory: the runs
+    start in a work directory of their own, and a path means what it meant where it was typed."""
+    out = list(flags)
+    for i, flag in enumerate(out):
+        name, equals, value = flag.partition("=")
+        if name in PATH_FLAGS and equals and value:
+            out[i] = f"{name}={os.path.abspath(value)}"
+        elif flag in PATH_FLAGS and i + 1 < len(out) and out[i + 1]:
+            out[i + 1] = os.path.abspath(out[i + 1])
+    return out
+
+
 class Version:
     """One thing to time: a tree, flags added to the common ones, cores and devices if pinned."""
 
@@ -157,7 +173,8 @@ def main() -> None:
                     fail(f"--base {commit}: {out.stderr.strip().splitlines()[-1]}")
                 added.append(tree)
             rounds = common.alternate(
-                {label: functools.partial(v.run, args.script, flags, workdir, args.cold_cache)
+                {label: functools.partial(v.run, args.script, absolute_paths(flags), workdir,
+                                          args.cold_cache)
                  for label, v in versions.items()}, args.rounds,
                 warm_up=() if args.cold_cache else None)
         finally:

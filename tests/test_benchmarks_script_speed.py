@@ -103,6 +103,7 @@ def test_a_cold_cache_gives_each_run_a_new_empty_cache_and_skips_the_warm_up(col
     def run_script(script, flags, cwd, tree, prefix, env):
         cache = flags[flags.index("--jax-cache-dir") + 1] if "--jax-cache-dir" in flags else None
         seen.append(cache and (os.path.dirname(cache) == cwd, os.listdir(cache)))
+        assert flags[:2] == ["--load-model", str(tmp_path / "m.safetensors")]
         if cache:
             open(os.path.join(cache, "entry-cache"), "w").close()  # what the run would leave
         return None
@@ -111,13 +112,29 @@ def test_a_cold_cache_gives_each_run_a_new_empty_cache_and_skips_the_warm_up(col
     monkeypatch.setattr(common, "speed_fields", lambda run: {"wall_seconds": 1.0,
                                                              "peak_memory_mb": 1.0})
     out = tmp_path / "report.json"
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["script_speed.py", "--rounds", "2", "--variant=--x",
-                                      "--out", str(out), *(["--cold-cache"] if cold else [])])
+                                      "--flags=--load-model m.safetensors", "--out", str(out),
+                                      *(["--cold-cache"] if cold else [])])
     script_speed.main()
     report = json.loads(out.read_text())
     assert report["cache"] == ("cold" if cold else "warm")
+    assert report["command"] == "python ppo_breakout.py --load-model m.safetensors"  # as typed
     assert len(report["rounds"]) == 2
     if cold:
         assert seen == [(True, [])] * 4  # two versions, two rounds, no warm-up
     else:
         assert seen == [None] * 6  # a warm-up round, then two
+
+
+def test_a_model_or_run_named_in_the_flags_is_found_from_where_the_command_was_typed(
+        tmp_path, monkeypatch):
+    # The runs start in a work directory of their own: a relative --load-model would name nothing.
+    monkeypatch.chdir(tmp_path)
+    flags = ["--seed", "1", "--load-model", "models/a.safetensors", "--resume=runs/b",
+             "--exp-name", "models/c"]
+    assert script_speed.absolute_paths(flags) == [
+        "--seed", "1", "--load-model", str(tmp_path / "models/a.safetensors"),
+        f"--resume={tmp_path / 'runs/b'}", "--exp-name", "models/c"]
+    assert script_speed.absolute_paths(["--load-model", "/m.safetensors"]) == [
+        "--load-model", "/m.safetensors"]
