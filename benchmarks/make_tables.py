@@ -379,13 +379,14 @@ def speed_rows(table: dict, report: dict) -> list[dict]:
         pairs = [(own, first) for runs in rounds for own in runs if match(own, row["key"], row)
                  for first in runs if match(first, ref, row)]
         own = [o for o, _ in pairs]
-        out.append({**row, "rounds": len(own), "sps": [r["sps"] for r in own],
-                    "sps_k": [r["sps"] / 1000 for r in own],
+        sps = lambda r: r.get("sps", float("nan"))  # noqa: E731  (an evaluation trains nothing)
+        out.append({**row, "rounds": len(own), "sps": [sps(r) for r in own],
+                    "sps_k": [sps(r) / 1000 for r in own],
                     "wall": [r["wall_seconds"] for r in own],
                     "compile": [r.get("compile_seconds", float("nan")) for r in own],
                     "peak": [r.get("peak_memory_mb", float("nan")) for r in own],
-                    "ref_over_own": [f["sps"] / o["sps"] for o, f in pairs],
-                    "own_over_ref": [o["sps"] / f["sps"] for o, f in pairs],
+                    "ref_over_own": [sps(f) / sps(o) for o, f in pairs],
+                    "own_over_ref": [sps(o) / sps(f) for o, f in pairs],
                     "sampled": ", ".join(sorted({f"{r['sampled']:.2f}" for r in own}))
                     if "sampled" in own[0] else ""})
     return out
