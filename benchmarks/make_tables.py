@@ -393,14 +393,20 @@ def speed_rows(table: dict, report: dict) -> list[dict]:
 
 
 def speed_table(table: dict) -> str:
-    """Timings in alternating rounds: medians (range over the rounds) of each row's runs."""
-    report = load(table["file"])
+    """Timings in alternating rounds: medians (range over the rounds) of each row's runs, from the
+    table's file or each row's own (whose command the row then has; the preamble reads the
+    first)."""
     fmt = Median()
-    rounds = report.get("rounds") or {r["round"] for r in report["runs"]}
-    facts = {**report, "rounds": len(rounds)}
+    rows, facts = [], None
+    for row in table.get("rows") or [{}]:  # a harness table: a row per round, none listed
+        report = load(row.get("file", table.get("file")))
+        rounds = report.get("rounds") or {r["round"] for r in report["runs"]}
+        facts = facts or {**report, "rounds": len(rounds)}
+        one = table | {"rows": [row]} if row else table
+        rows += [{"command": report["command"]} | r for r in speed_rows(one, report)]
     lines = [fmt.format(table["preamble"], **facts), "", fmt.format(table["head"], **facts),
              table["rule"]]
-    for row in speed_rows(table, report):
+    for row in rows:
         lines.append("| " + " | ".join(fmt.format(c, **row) for c in table["cells"]) + " |")
     return "\n".join(lines)
 

@@ -224,3 +224,24 @@ def test_a_script_runs_sps_cell_is_each_seeds_own():
             for seed, sps in ((1, 4321.4), (2, 12_345.6))]
     r = make_tables.per_seed({"command": "", "policy": "greedy", "rows": rows})
     assert make_tables.cell("{sps}", {}, r, None, "g") == "4,321, 12,346"
+
+
+def test_a_speed_row_may_read_its_own_file_and_show_its_command(monkeypatch):
+    # A table of several commands' first runs: each row its own report, an evaluation without SPS.
+    def report(command, peaks, sps=None):
+        runs = [{"wall_seconds": 1.0, "peak_memory_mb": p} | ({"sps": sps} if sps else {})
+                for p in peaks]
+        return {"command": command, "machine": "M", "versions": ["this tree"],
+                "rounds": [{"this tree": r} for r in runs]}
+
+    files = {"a.json": report("python a.py", [600, 640], sps=10.0),
+             "b.json": report("python b.py --load-model m", [500, 520])}
+    monkeypatch.setattr(make_tables, "load", lambda path: files[path])
+    table = {"id": "t", "kind": "speed", "source": "configs", "preamble": "On {machine}.",
+             "head": "| run | command | peak |", "rule": "|---|---|---:|",
+             "cells": ["{label}", "`{command}`", "{peak:.0f}"],
+             "rows": [{"file": "a.json", "key": "this tree", "label": "A"},
+                      {"file": "b.json", "key": "this tree", "label": "B"}]}
+    assert make_tables.speed_table(table).splitlines()[4:] == [
+        "| A | `python a.py` | 620 (600-640) |",
+        "| B | `python b.py --load-model m` | 510 (500-520) |"]
