@@ -175,9 +175,9 @@ def main() -> None:
                 if out.returncode:
                     fail(f"--base {commit}: {out.stderr.strip().splitlines()[-1]}")
                 added.append(tree)
+            run_flags = absolute_paths(flags)
             rounds = common.alternate(
-                {label: functools.partial(v.run, args.script, absolute_paths(flags), workdir,
-                                          args.cold_cache)
+                {label: functools.partial(v.run, args.script, run_flags, workdir, args.cold_cache)
                  for label, v in versions.items()}, args.rounds,
                 warm_up=() if args.cold_cache else None)
         finally:
