@@ -353,6 +353,11 @@ class Median(string.Formatter):
         return format(value, spec)
 
 
+def run_sps(run: dict) -> float:
+    """A timed run's training SPS; NaN for an evaluation, which trains nothing."""
+    return run.get("sps", float("nan"))
+
+
 def speed_rows(table: dict, report: dict) -> list[dict]:
     """Per row of the table, its values: a list over the rounds, or one value per round-row."""
     if table["source"] == "harness":  # a row per round

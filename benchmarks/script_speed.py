@@ -19,8 +19,8 @@ training and evaluation seconds and sampled return. Versions:
         --out benchmarks/results/ppo_breakout/speed/script_speed.json
     python benchmarks/script_speed.py --flags="--seed 1 --exp-name speed" --rounds 3 \\
         --cores-devices 0:1 0,1:1 0,1:2 0,1:4 --out benchmarks/results/shared/device_speed.json
-    python benchmarks/script_speed.py --cold-cache --rounds 2 \
-        --env-variant=XLA_FLAGS=--xla_cpu_use_fusion_emitters=false \
+    python benchmarks/script_speed.py --cold-cache --rounds 2 \\
+        --env-variant=XLA_FLAGS=--xla_cpu_use_fusion_emitters=false \\
         --out benchmarks/results/shared/cold_peak_ppo.json
 """
 
