@@ -575,15 +575,12 @@ def main() -> None:
     # Compiled ahead of time; then the run's directory, log, checkpoints and summary.json.
     with training.Run(sys.modules[__name__], args, agent, env, env_params) as run:
         runner = run.state  # fresh, or --resume's (None with --load-model: no training)
-        for iteration in run.iterations():  # after Ctrl-C, no further iteration
-            runner, metrics = run.update_step(runner)  # the old runner's memory is reused
-            metrics = jax.device_get(metrics)  # the one host transfer per iteration
-            run.log_iteration(iteration, metrics, iteration_scalars(metrics))
-            if not metrics["finite"]:  # stop; the parameters from before it are saved
-                run.stop_non_finite(iteration, first_non_finite(metrics))
-                break
-            run.end_iteration(iteration, runner)  # progress; checkpoint (buffer included)
-        run.finish(runner)  # the last checkpoint
+        for iteration in run.iterations():  # none more after Ctrl-C or a non-finite iteration
+            runner, metrics = run.update_step(runner)  # queued on the device, in the old memory
+            # Read one iteration late: the host logs the last iteration while the device runs this.
+            run.log_iteration(iteration, metrics, iteration_scalars, first_non_finite)
+            run.end_iteration(iteration, runner)  # what a checkpoint or --eval-every needs of it
+        run.finish(runner)  # the last iteration read; the last checkpoint
         run.evaluate(runner)  # both protocols, both policies: summary.json, play.gif, pictures
         run.save_model(runner)  # model.safetensors
     sys.exit(run.exit_code)

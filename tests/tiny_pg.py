@@ -160,11 +160,8 @@ def main() -> None:
         state = run.state
         for iteration in run.iterations():
             state, metrics = run.update_step(state)
-            metrics = jax.device_get(metrics)
-            run.log_iteration(iteration, metrics, {"losses/loss": metrics["loss"]})
-            if not metrics["finite"]:
-                run.stop_non_finite(iteration, "losses/loss")
-                break
+            run.log_iteration(iteration, metrics, lambda m: {"losses/loss": m["loss"]},
+                              lambda m: "losses/loss")
             run.end_iteration(iteration, state)
         run.finish(state)
         run.evaluate(state)

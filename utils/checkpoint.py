@@ -60,21 +60,18 @@ def state_bytes(trees: dict, header: dict[str, str]) -> bytes:
     return safetensors.numpy.save(*state_tensors(trees, header))
 
 
-def state_tensors(trees: dict, header: dict[str, str], copy: bool = False
-                  ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def state_tensors(trees: dict, header: dict[str, str]) -> tuple[dict[str, np.ndarray],
+                                                                 dict[str, str]]:
     """The pytrees in `trees` ({prefix: tree}) as safetensors' tensors and header: a leaf is the
     tensor `prefix + keystr(its path)`; a typed random key is stored as its raw data (safetensors
-    holds numbers only), its implementation in the header's key_impls. With `copy`, the tensors
-    are the host's own copies, which outlive the arrays (on the CPU, device_get's arrays share
-    the device's memory)."""
+    holds numbers only), its implementation in the header's key_impls. On the CPU the tensors may
+    share the arrays' memory: keep the arrays until the tensors are written."""
     leaves = jax.tree_util.tree_flatten_with_path(trees)[0]
     names = [f"{key_path[0].key}{jax.tree_util.keystr(key_path[1:])}" for key_path, _ in leaves]
     key_impls = {name: str(jax.random.key_impl(x))
                  for name, (_, x) in zip(names, leaves) if is_key(x)}
     raw = jax.device_get([jax.random.key_data(x) if is_key(x) else x for _, x in leaves])  # at once
     tensors = {name: np.asarray(x) for name, x in zip(names, raw)}
-    if copy:  # only the views: off the CPU, device_get's arrays are the host's own already
-        tensors = {name: x if x.flags.owndata else x.copy() for name, x in tensors.items()}
     return tensors, header | {"key_impls": json.dumps(key_impls)}
 
 
@@ -133,8 +130,10 @@ class Checkpointer:
         self.pending = None
 
     def save(self, state, progress: Progress, step: int) -> None:
-        """Writes `state` and `progress`, `step` being the environment step the state is at. The
-        state is copied to the host first: the next update step takes over its memory."""
+        """Writes `state` and `progress`, `step` being the environment step the state is at.
+        `state` must not be handed to an update step any more (it would take over its memory): the
+        training loop gives a copy of it, made before the next step (utils/training.py), which
+        the background thread brings to the host while training goes on."""
         self.wait()
         self.log.flush()  # first the log up to the checkpoint's step, then the checkpoint
         kept = sum(s <= step for s in progress.history.steps)  # the curve up to the state
@@ -143,11 +142,11 @@ class Checkpointer:
         header = self.header | {"iteration": progress.iteration,
                                 "train_seconds": progress.train_seconds}
         header = {name: json.dumps(value) for name, value in header.items()}
-        tensors = state_tensors({"runner": state, "history": history}, header, copy=True)
-        self.pending = self.disk.submit(self.write, *tensors)
+        self.pending = self.disk.submit(self.write, {"runner": state, "history": history}, header)
 
-    def write(self, tensors: dict[str, np.ndarray], header: dict[str, str]) -> None:
-        """In the background thread."""
+    def write(self, trees: dict, header: dict[str, str]) -> None:
+        """In the background thread: the state to the host, then to disk."""
+        tensors, header = state_tensors(trees, header)
         write_atomically(self.path,
                          lambda name: safetensors.numpy.save_file(tensors, name, header))
 

@@ -28,7 +28,8 @@ What a script module defines:
 
 What the update step returns: `(state, metrics)`, the metrics a dict of arrays holding at least
 `episodes`, `episode_return_sum` and `episode_length_sum` (of the training episodes that ended in
-the step) and `finite` (False once a loss, gradient or parameter is not finite).
+the step) and `finite` (False once a loss, gradient or parameter is not finite), and optionally
+`histograms` ({name: {"counts", "edges"}}, logged on the first iteration and every tenth).
 """
 
 import dataclasses
@@ -100,12 +101,15 @@ class Agent(NamedTuple):
       new state is written into the old one's memory, and the state handed in is gone after the
       call. A script's loop keeps only the state returned (`state, metrics =
       run.update_step(state)`) and uses anything of the old one (its parameters, say) before the
-      step; the machinery keeps what it needs of it (a checkpoint's host copy, the parameters a
-      non-finite stop saves). On the CPU a NumPy view of a state's array (`np.asarray`,
-      `jax.device_get`) still alive at the step makes JAX skip the donation without a word: the
-      step then allocates a second state. When `metrics["finite"]` is False the loop calls
-      `run.stop_non_finite` and breaks before `end_iteration`, and hands that last state to
-      `finish`, `evaluate` and `save_model` all the same (they know it is not finite).
+      step; the machinery keeps what it needs of it (copies on the device: the state a
+      checkpoint writes, the parameters a non-finite stop saves). On the CPU a NumPy view of a
+      state's array (`np.asarray`, `jax.device_get`) still alive at the step makes JAX skip the
+      donation without a word: the step then allocates a second state. The loop hands the step's metrics, still on the
+      device, to `run.log_iteration` with two functions of the metrics once read: the script's
+      TensorBoard scalars and what it names where `metrics["finite"]` is False. The run reads
+      them one iteration late (the device runs the next step meanwhile) and stops the loop after
+      a non-finite one; the loop hands its last state to `finish`, `evaluate` and `save_model`
+      all the same (they know whether it is finite).
     - `parallel_update_step(mesh) -> update step` over the devices of `mesh` (its axis named
       utils.parallel.AXIS), under `jax.shard_map`, not jitted (the machinery jits and donates as
       above; the new state's specs must be `state_specs`, or it cannot take the old one's

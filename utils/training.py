@@ -7,13 +7,22 @@ A script's `main` reads: `args = parse_args(script)`, the environment, `agent = 
 then `with Run(script, args, agent, env, env_params) as run:` its loop over `run.iterations()`
 calling `state, metrics = run.update_step(state)`, `log_iteration` and `end_iteration`, and after
 it `finish`, `evaluate` and `save_model`. The update step takes over the state it is given (JAX's
-donation): the new state is written into the old one's memory, which is gone after the call."""
+donation): the new state is written into the old one's memory, which is gone after the call.
+
+The host reads an iteration's metrics one iteration late: `update_step` only queues the step on
+the device and returns, and `log_iteration` logs the iteration before, whose metrics are ready by
+then, while the device runs this one. On a GPU or TPU the device thus never waits for the host's
+logging; what is logged, checkpointed and evaluated, and where Ctrl-C or a non-finite step stops,
+is what it would be if each step were read before the next began."""
 
 import os
 import sys
 import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from utils import checkpoint, cli, evaluation, logger, model, parallel, startup, visualize
@@ -21,6 +30,21 @@ from utils.checkpoint import Checkpointer, Progress, fresh_start, read_checkpoin
 from utils.contract import RESUME_MAY_CHANGE
 
 STARTED = time.time()  # the clock of summary.json's wall_seconds, reset by parse_args
+
+# A copy of arrays on their device, in one program: what the host keeps of a state before the
+# next update step takes over its memory.
+copy_tree = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+
+
+class Pending(NamedTuple):
+    """An iteration queued on the device whose metrics the host has not read yet."""
+    iteration: int
+    metrics: dict  # the update step's metrics, arrays on the device
+    scalars: Callable[[dict], dict]  # the script's TensorBoard scalars of the metrics
+    first_non_finite: Callable[[dict], str]  # what the script names if the iteration is not finite
+    params_before: Any  # a copy of the parameters the iteration started from
+    state: Any = None  # a copy of the state it left, where a checkpoint is due
+    params: Any = None  # a copy of the parameters it left, where --eval-every plays them
 
 
 def script_name(script) -> str:
@@ -84,7 +108,8 @@ class Run:
 
     def __init__(self, script, args, agent, env, env_params):
         self.script, self.args, self.agent = script.__file__, args, agent
-        self.params = None  # --load-model's; in training, those of the last finite state
+        self.params = None  # --load-model's; after a non-finite stop, those from before it
+        self.pending = self.params_before = None  # the iteration not read yet; its start's params
         self.status = None  # how training ended: completed, interrupted or non_finite
         self.headline = script.HEADLINE_POLICY
         self.network_args = script.NETWORK_ARGS
@@ -172,30 +197,84 @@ class Run:
 
     # ---- the training loop ------------------------------------------------------------------
     def update_step(self, state):
-        """One iteration: (the new state, its metrics), from the compiled update step, which takes
-        over `state` (donated: its arrays are gone after the call). A copy of `state`'s
-        parameters is kept first, for a non-finite stop to save."""
-        self.params = jax.tree.map(lambda x: x.copy(), self.agent.params(state))
+        """Queues one iteration on the device and returns at once: (the new state, its metrics),
+        arrays the device is still computing. The compiled step takes over `state` (donated: its
+        arrays are gone after the call); a copy of its parameters is kept first, for a non-finite
+        stop to save."""
+        self.params_before = copy_tree(self.agent.params(state))
         return self.compiled_step(state)
 
     def iterations(self):
-        """The iterations left, from the one after the start; none more once a signal came, and
-        none with --load-model."""
+        """The iterations left, from the one after the start; none more once a signal came or an
+        iteration was found non-finite, and none with --load-model."""
         if self.args.load_model:
             return
         self.train_start = time.time() - self.elapsed  # a resumed clock goes on from its checkpoint
         for iteration in range(self.start.iteration + 1, self.args.num_iterations + 1):
             yield iteration
+            if self.status == "non_finite":
+                return
             if self.stop.received:
                 self.status = "interrupted"
                 return
         self.status = "completed"
 
-    def log_iteration(self, iteration: int, metrics: dict, scalars: dict,
-                      histograms: dict | None = None) -> None:
-        """Logs an iteration: charts/SPS and the episodes that ended in it (never placeholders),
-        the script's own `scalars` ({tag: value}; what is not finite stays out, the script's guard
-        reports it), and `histograms` on the first iteration and every tenth of the run."""
+    def log_iteration(self, iteration: int, metrics: dict, scalars: Callable[[dict], dict],
+                      first_non_finite: Callable[[dict], str]) -> None:
+        """Takes iteration `iteration`'s metrics (the device's arrays, from `update_step`) and logs
+        the iteration before it, whose metrics are ready by now: charts/SPS and the episodes that
+        ended in it (never placeholders), the script's own `scalars(metrics)` ({tag: value}; what
+        is not finite stays out), and `metrics["histograms"]`, if there, on the first iteration
+        and every tenth. Where that iteration's `metrics["finite"]` is False, training stops
+        there: `first_non_finite(metrics)` names what went non-finite, and this iteration is
+        dropped."""
+        done, self.pending = self.pending, Pending(iteration, metrics, scalars, first_non_finite,
+                                                   self.params_before)
+        if done is not None:
+            self.read_iteration(done)
+
+    def end_iteration(self, iteration: int, state) -> None:
+        """After `log_iteration(iteration, ...)`, with the state the iteration left: a copy of it
+        kept for the checkpoint every --checkpoint-every iterations, and of its parameters for the
+        evaluation every --eval-every, each used once the iteration is known to be finite."""
+        pending = self.pending
+        if pending is None or pending.iteration != iteration:  # dropped: training stopped
+            return
+        if self.checkpoints and iteration % self.args.checkpoint_every == 0:
+            self.pending = pending._replace(state=copy_tree(state))
+        if self.evaluates_after(iteration):
+            self.pending = self.pending._replace(params=copy_tree(self.agent.params(state)))
+
+    def read_pending(self) -> None:
+        """Reads the iteration still pending, if any: after the loop, or where a caller times
+        whole blocks of iterations."""
+        done, self.pending = self.pending, None
+        if done is not None:
+            self.read_iteration(done)
+
+    def read_iteration(self, done: Pending) -> None:
+        """The host's share of iteration `done`: its metrics read and logged, and, if it is
+        finite, the progress line every tenth of the run, its checkpoint and its evaluation."""
+        metrics = jax.device_get(done.metrics)
+        iteration = done.iteration
+        self.log_metrics(iteration, metrics, done.scalars(metrics), metrics.get("histograms"))
+        if not metrics["finite"]:  # stop; the parameters from before it are saved
+            self.status, self.non_finite = "non_finite", (iteration, done.first_non_finite(metrics))
+            self.params, self.pending = done.params_before, None
+            return
+        self.iteration = iteration
+        global_step = iteration * self.args.steps_per_iteration
+        if self.tenth(iteration):
+            print(f"step {global_step:>9,} | SPS {global_step / self.elapsed:>8,.0f} | "
+                  f"episodic return {self.recent_return:6.2f}")
+        if done.state is not None:
+            self.checkpoints.save(done.state, Progress(iteration, self.history, self.elapsed),
+                                  global_step)
+        if done.params is not None:
+            self.evaluate_every(iteration, done.params)
+
+    def log_metrics(self, iteration: int, metrics: dict, scalars: dict,
+                    histograms: dict | None) -> None:
         global_step = iteration * self.args.steps_per_iteration
         self.elapsed = time.time() - self.train_start
         logged = {"charts/SPS": global_step / self.elapsed}
@@ -216,29 +295,17 @@ class Run:
     def tenth(self, iteration: int) -> bool:
         return iteration % self.every_tenth == 0 or iteration == self.args.num_iterations
 
-    def end_iteration(self, iteration: int, state) -> None:
-        """After a finite iteration: the progress line every tenth of the run, a checkpoint of
-        `state` every --checkpoint-every iterations, and the evaluation every --eval-every."""
-        self.iteration = iteration
-        global_step = iteration * self.args.steps_per_iteration
-        if self.tenth(iteration):
-            print(f"step {global_step:>9,} | SPS {global_step / self.elapsed:>8,.0f} | "
-                  f"episodic return {self.recent_return:6.2f}")
-        if self.checkpoints and iteration % self.args.checkpoint_every == 0:
-            self.checkpoints.save(state, Progress(iteration, self.history, self.elapsed),
-                                  global_step)
-        self.evaluate_every(iteration, state)
-
-    def evaluate_every(self, iteration: int, state) -> None:
-        """With --eval-every N, after every N-th iteration but the last (the final evaluation's):
-        the state's policy played as at the end, each mean return logged at its step under the
-        final evaluation's tag, so that TensorBoard draws the scores as training goes. The clock
-        behind SPS and train_seconds stops while it plays."""
+    def evaluates_after(self, iteration: int) -> bool:
+        """With --eval-every N: after every N-th iteration but the last (the final evaluation's)."""
         every = self.args.eval_every
-        if not every or iteration % every or iteration == self.args.num_iterations:
-            return
+        return bool(every) and iteration % every == 0 and iteration != self.args.num_iterations
+
+    def evaluate_every(self, iteration: int, params) -> None:
+        """With --eval-every: the policy of `params` (the iteration's) played as at the end, each
+        mean return logged at its step under the final evaluation's tag, so that TensorBoard draws
+        the scores as training goes. The clock behind SPS and train_seconds stops while it
+        plays."""
         started = time.time()
-        params = self.agent.params(state)
         played = {policy: self.play(params, policy).returns
                   for policy in evaluation.EVALUATION_PAIRS}
         returns = jax.device_get(played)  # only the returns come over, not the recorded frames
@@ -251,16 +318,16 @@ class Run:
         print(f"step {step:>9,} | eval return, gymnax's / MinAtar's protocol: {', '.join(shown)}")
         self.train_start += time.time() - started
 
-    def stop_non_finite(self, iteration: int, what: str) -> None:
-        """Ends training at `iteration`, in which `what` went non-finite."""
-        self.status, self.non_finite = "non_finite", (iteration, what)
-
     def finish(self, state) -> None:
-        """After the loop: the last checkpoint, of `state`, and summary.json's training fields.
-        After a non-finite stop `state` is not finite: the checkpoint stays the last one written
-        before it. Nothing with --load-model."""
+        """After the loop: the last iteration read (its checkpoint left to this one), the last
+        checkpoint, of `state`, and summary.json's training fields. After a non-finite stop
+        `state` is not finite: the checkpoint stays the last one written before it. Nothing with
+        --load-model."""
         if self.args.load_model:
             return
+        if self.pending is not None:  # the checkpoint of `state` follows
+            self.pending = self.pending._replace(state=None)
+        self.read_pending()
         iterations = self.iteration
         step = iterations * self.args.steps_per_iteration
         if self.checkpoints and self.status != "non_finite":
