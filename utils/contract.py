@@ -104,12 +104,13 @@ class Agent(NamedTuple):
       step; the machinery keeps what it needs of it (copies on the device: the state a
       checkpoint writes, the parameters a non-finite stop saves). On the CPU a NumPy view of a
       state's array (`np.asarray`, `jax.device_get`) still alive at the step makes JAX skip the
-      donation without a word: the step then allocates a second state. The loop hands the step's metrics, still on the
-      device, to `run.log_iteration` with two functions of the metrics once read: the script's
-      TensorBoard scalars and what it names where `metrics["finite"]` is False. The run reads
-      them one iteration late (the device runs the next step meanwhile) and stops the loop after
-      a non-finite one; the loop hands its last state to `finish`, `evaluate` and `save_model`
-      all the same (they know whether it is finite).
+      donation without a word: the step then allocates a second state. The loop hands the
+      step's metrics, still on the device, to `run.log_iteration` with two functions of the
+      metrics once read: the script's TensorBoard scalars and what it names where
+      `metrics["finite"]` is False. The run reads them one iteration late (the device runs the
+      next step meanwhile) and stops the loop after a non-finite one; the loop hands its last
+      state to `finish`, `evaluate` and `save_model` all the same (they know whether it is
+      finite).
     - `parallel_update_step(mesh) -> update step` over the devices of `mesh` (its axis named
       utils.parallel.AXIS), under `jax.shard_map`, not jitted (the machinery jits and donates as
       above; the new state's specs must be `state_specs`, or it cannot take the old one's
