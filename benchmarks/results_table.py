@@ -41,8 +41,9 @@ class Args:
     """the seeds to run, one process each, one after another"""
     total_timesteps: int = 1_000_000
     """passed to the script"""
-    num_devices: int = 2
-    """passed to the script: a seed replays the same run only with the same device count"""
+    num_devices: int = 0
+    """passed to the script (0: the script's own default); a seed replays the same run only with
+    the same device count: give it in a command meant to reproduce a table"""
     exp_name: str = "results_table"
     """passed to the script; the run directories are
     runs/{env_id}__{exp_name}__{seed}__{time}"""

@@ -535,7 +535,7 @@ def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # this script prints its own progress lines
     storage = open_storage(args)
     study = open_study(args, storage)
-    startup.configure_compilation_cache(tune.settings(args).jax_cache_dir)
+    startup.configure_jax(tune.settings(args).jax_cache_dir)
     print(f"study {study.study_name!r}: {len(finished(study))} of {args.n_trials} trials finished",
           file=sys.stderr)
     run_worker(study, args, heartbeat=isinstance(storage, optuna.storages.RDBStorage))

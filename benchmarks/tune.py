@@ -3,9 +3,12 @@ compare settings. --script names the script, any that keeps utils/contract.py: p
 default), pqn_minatar, or the path of another; its settings are flags named after it, up to its
 first "_": --ppo.learning-rate, --pqn.q-lambda.
 
-The seeds are split across the devices (on a CPU, one per core); each device trains its seeds one
-after another with `lax.map`, so a seed's result does not depend on which other seeds run, on how
-many, or on the number of devices. Training runs in --num-chunks jitted chunks of iterations, the
+The seeds are split across the devices (on a CPU, one per core). On a CPU each device trains its
+seeds one after another with `lax.map`, so a seed's result does not depend on which other seeds run,
+on how many, or on the number of devices. On a GPU or TPU, where one seed leaves most of the chip
+idle, each device trains its seeds side by side in one `vmap`ped program (--vmap-seeds: how many
+at once); a seed's result then depends on that count too, as a batched program may round
+differently, but not on which other seeds run beside it. Training runs in --num-chunks jitted chunks of iterations, the
 runner state donated from one to the next; after each chunk the progress is printed (stderr) and a
 curve point recorded. Each seed's final policy is then evaluated on complete episodes under both
 protocols, with the policy the script reports (its HEADLINE_POLICY): PPO's sampled actions, PQN's
@@ -156,6 +159,10 @@ class Args:
     giving a progress line and a learning-curve point; 1 runs all iterations in one call"""
     num_devices: int = 0
     """the number of devices the seeds are split across; 0 takes all, up to one per seed"""
+    vmap_seeds: int = 0
+    """seeds each device trains side by side in one vmapped program, its groups one after
+    another (0: one on a CPU, where vmap gains nothing; all of a device's seeds on a GPU or TPU);
+    a seed's result depends on this count"""
     out: str = ""
     """also write the JSON result to this file"""
     baseline: str = ""
@@ -187,6 +194,7 @@ class SeedsResult(NamedTuple):
     eval_seconds: float
     # per seed: logit_gap_max, log_ratio_min, log_ratio_max, non_finite
     stability: dict | None = None
+    vmap_seeds: int = 1  # seeds trained side by side on each device
 
 
 def settings(args):
@@ -209,6 +217,8 @@ def find_harness_error(args: Args) -> str | None:
             return f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}"
     if args.num_devices < 0:
         return f"--num-devices must be 0 (all) or positive, got {args.num_devices}"
+    if args.vmap_seeds < 0:
+        return f"--vmap-seeds must be 0 (automatic) or positive, got {args.vmap_seeds}"
     if args.num_devices > len(jax.devices()):
         return (f"--num-devices {args.num_devices} is more than the {len(jax.devices())} devices "
                 "JAX has")
@@ -244,15 +254,26 @@ def not_used(script) -> set[str]:
 
 
 def checkpoint_identity(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
-                        stability: bool) -> dict:
+                        stability: bool, vmap_seeds: int = 1) -> dict:
     """What a checkpoint must match to be resumed: the code and every argument that changes a result
-    (not the device count: a seed's result does not depend on it)."""
+    (not the device count: a seed's result does not depend on it; the seeds trained side by side,
+    `vmap_seeds`, as resolved)."""
     script = script_of(cfg)
     code = checkpoint.code_version(__file__, script.__file__)
     used = {k: v for k, v in vars(cfg).items() if k not in not_used(script)}
     return {"format": "tune checkpoint 2", "code": code, "script": name_of(script), "args": used,
             "seeds": seeds, "eval_episodes": eval_episodes, "num_chunks": num_chunks,
-            "stability": stability}
+            "stability": stability, "vmap_seeds": vmap_seeds}
+
+
+def seed_layout(num_seeds: int, num_devices: int = 0, vmap_seeds: int = 0) -> tuple[int, int]:
+    """(devices, seeds side by side on each) for `num_seeds` seeds: the harness's --num-devices
+    and --vmap-seeds with 0 resolved (all devices, up to one per seed; one seed at a time on a
+    CPU, all of a device's seeds at once on an accelerator)."""
+    num_devices = min(num_devices or len(jax.devices()), num_seeds)
+    if not vmap_seeds:
+        vmap_seeds = 1 if jax.devices()[0].platform == "cpu" else -(-num_seeds // num_devices)
+    return num_devices, vmap_seeds
 
 
 def read_checkpoint(path: str, identity: dict) -> tuple[dict, dict] | None:
@@ -314,7 +335,8 @@ EXTREMES = {"max": (jnp.fmax, -jnp.inf, np.nanmax), "min": (jnp.fmin, jnp.inf, n
 def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
                 num_devices: int = 0,
                 on_chunk: Callable[[int, int, int, np.ndarray, np.ndarray], None] | None = None,
-                stability: bool = False, checkpoint_path: str = "") -> SeedsResult:
+                stability: bool = False, checkpoint_path: str = "",
+                vmap_seeds: int = 0) -> SeedsResult:
     """Trains and evaluates `cfg` (a script's Args, whose module is the script) for each seed, with
     what the script's make_agent hands over. `cfg` must have its runtime fields filled.
 
@@ -370,20 +392,26 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
                                & (result.lengths >= SAFETY_BOUND)).sum())
         return jnp.stack(returns), jnp.stack(bound_hits)
 
-    # The seed axis is padded to a multiple of the devices, so any seed count uses all of them; a
-    # padding seed repeats the last one and is dropped. Each device runs its seeds one at a time
-    # (lax.map, not vmap): under vmap the rollout's lax.cond becomes a select that runs the value
-    # network on every step, and unbatched runs make a seed's result independent of its neighbours.
-    num_devices = min(num_devices or len(jax.devices()), len(seeds))
-    padded = seeds + [seeds[-1]] * (-len(seeds) % num_devices)
+    # The seed axis is padded to a multiple of the devices times the seeds side by side, so any
+    # seed count uses all of them; a padding seed repeats the last one and is dropped. On a CPU
+    # each device runs its seeds one at a time (lax.map): under vmap the rollout's lax.cond
+    # becomes a select that runs both branches, which a CPU pays for in full, and unbatched runs
+    # make a seed's result independent of its neighbours. An accelerator runs a group at once.
+    num_devices, group = seed_layout(len(seeds), num_devices, vmap_seeds)
+    padded = seeds + [seeds[-1]] * (-len(seeds) % (num_devices * group))
     mesh = Mesh(np.array(jax.devices()[:num_devices]), ("seeds",))
     seed_sharding = NamedSharding(mesh, P("seeds"))
 
     def per_device(fn, num_shared: int = 0):
         """fn(per_seed, *shared) on every seed, each device taking its share of the seed axis of
-        per_seed in turn; the `num_shared` arguments after it are the same for all seeds."""
+        per_seed, `group` seeds at a time; the `num_shared` arguments after it are the same for
+        all seeds."""
         def mapped(per_seed, *shared):
-            return jax.lax.map(lambda x: fn(x, *shared), per_seed)
+            if group == 1:
+                return jax.lax.map(lambda x: fn(x, *shared), per_seed)
+            groups = jax.tree.map(lambda x: x.reshape(-1, group, *x.shape[1:]), per_seed)
+            done = jax.lax.map(jax.vmap(lambda x: fn(x, *shared)), groups)
+            return jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), done)
         # Seeds never talk to each other: no collectives, so nothing for check_vma to check.
         return jax.shard_map(mapped, mesh=mesh, in_specs=(P("seeds"), *[P()] * num_shared),
                              out_specs=P("seeds"), check_vma=False)
@@ -403,7 +431,7 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
 
     chunk_steps = [sum(iteration_counts[:chunk + 1]) * cfg.steps_per_iteration
                    for chunk in range(len(iteration_counts))]
-    identity = checkpoint_identity(cfg, seeds, eval_episodes, num_chunks, stability)
+    identity = checkpoint_identity(cfg, seeds, eval_episodes, num_chunks, stability, group)
     saved = read_checkpoint(checkpoint_path, identity) if checkpoint_path else None
     return_sums, episodes, extremes, train_seconds = [], [], [], 0.0
     if saved is not None:  # a padding seed repeats the last one at every chunk: padded again here
@@ -442,7 +470,8 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
                        return_sums=np.stack(return_sums, axis=1),
                        episodes=np.stack(episodes, axis=1), chunk_steps=chunk_steps,
                        compile_seconds=compile_seconds, train_seconds=train_seconds,
-                       eval_seconds=time.time() - eval_start, stability=stability or None)
+                       eval_seconds=time.time() - eval_start, stability=stability or None,
+                       vmap_seeds=group)
 
 
 def changed_args(cfg) -> dict:
@@ -475,6 +504,7 @@ def result_json(cfg, seeds: list[int], result: SeedsResult, eval_episodes: int,
         "args": {k: v for k, v in vars(cfg).items()
                  if k not in ("seed", "num_devices", "jax_cache_dir")},
         "seeds": seeds,
+        "vmap_seeds": result.vmap_seeds,  # seeds trained side by side: part of what a seed gives
         "eval_episodes": eval_episodes,
         "eval_returns": [float(r) for r in result.eval_returns],
         "eval_returns_minatar": [float(r) for r in result.eval_returns_minatar],
@@ -520,7 +550,7 @@ def main() -> None:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     cfg = script.fill_runtime_fields(settings(args))
-    startup.configure_compilation_cache(cfg.jax_cache_dir)
+    startup.configure_jax(cfg.jax_cache_dir)
     baseline = None
     if args.baseline:
         with open(args.baseline) as f:
@@ -532,8 +562,9 @@ def main() -> None:
         try:
             if os.path.exists(args.checkpoint_dir) and not os.path.isdir(args.checkpoint_dir):
                 raise ValueError(f"--checkpoint-dir {args.checkpoint_dir} is not a directory")
+            group = seed_layout(len(seeds), args.num_devices, args.vmap_seeds)[1]
             read_checkpoint(checkpoint_path, checkpoint_identity(
-                cfg, seeds, args.eval_episodes, args.num_chunks, args.stability))
+                cfg, seeds, args.eval_episodes, args.num_chunks, args.stability, group))
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             sys.exit(2)
@@ -545,7 +576,7 @@ def main() -> None:
               f"{cfg.steps_per_iteration} steps", file=sys.stderr, flush=True)
     result = train_seeds(cfg, seeds, args.eval_episodes, args.num_chunks, args.num_devices,
                          on_chunk=progress, stability=args.stability,
-                         checkpoint_path=checkpoint_path)
+                         checkpoint_path=checkpoint_path, vmap_seeds=args.vmap_seeds)
     command = common.without_cache_dir(shlex.join(["python", "benchmarks/tune.py", *sys.argv[1:]]))
     out = result_json(cfg, seeds, result, args.eval_episodes, command,
                       time.time() - wall_start, baseline)

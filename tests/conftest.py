@@ -31,7 +31,7 @@ from utils import startup  # noqa: E402
 JAX_MIN_COMPILE_SECONDS = jax.config.jax_persistent_cache_min_compile_time_secs  # JAX's own, 1 s
 # JAX decides at a process's first compile whether it uses the persistent cache, once: the one the
 # script's main() would set up, from the start, whichever test a worker runs first.
-startup.configure_compilation_cache(ppo.Args.jax_cache_dir)
+startup.configure_jax(ppo.Args.jax_cache_dir)
 
 # Files whose runs load each other's programs from the compilation cache: on one worker, one after
 # the other, not compiled twice at once.

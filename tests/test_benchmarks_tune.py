@@ -146,6 +146,26 @@ def test_a_seed_trains_the_same_beside_any_seeds_on_any_number_of_devices(whole_
     assert together["curve"]["return_sums"][0] != together["curve"]["return_sums"][1]
 
 
+def test_seeds_side_by_side_train_each_seed_as_beside_any_others(monkeypatch):
+    # --vmap-seeds (an accelerator's default), two at a time: seeds 1-3 on two devices (device 0
+    # takes 1 and 2, device 1 takes 3 and a padding seed) against seeds 3, 1, 2 on one device
+    # (groups 3 1 and 2 2): each seed trains and plays the same, wherever it sits.
+    cfg = ppo.fill_runtime_fields(ppo.Args(
+        total_timesteps=8192, num_envs=16, num_steps=128, num_minibatches=4, update_epochs=1))
+    in_order = tune.train_seeds(cfg, [1, 2, 3], eval_episodes=8, num_chunks=2, num_devices=2,
+                                vmap_seeds=2)
+    rotated = tune.train_seeds(cfg, [3, 1, 2], eval_episodes=8, num_chunks=2, num_devices=1,
+                               vmap_seeds=2)
+    assert in_order.vmap_seeds == rotated.vmap_seeds == 2
+    assert rotated.eval_returns.tolist() == in_order.eval_returns[[2, 0, 1]].tolist()
+    assert rotated.return_sums.tolist() == in_order.return_sums[[2, 0, 1]].tolist()
+    assert len({tuple(sums) for sums in in_order.return_sums.tolist()}) == 3  # seeds do differ
+    # On a CPU the seeds run one at a time unless told; on an accelerator, all of a device's.
+    assert tune.seed_layout(5, 1) == (1, 1)
+    monkeypatch.setattr(jax, "devices", lambda: [type("Tpu", (), {"platform": "tpu"})()] * 2)
+    assert tune.seed_layout(5) == (2, 3) and tune.seed_layout(5, 1) == (1, 5)
+
+
 def test_the_harness_builds_the_network_its_settings_describe(monkeypatch):
     class Built(Exception):
         pass

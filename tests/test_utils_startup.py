@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import tyro
 
@@ -40,11 +41,18 @@ def test_the_compilation_cache_is_capped(tmp_path):
         jax.config.update("jax_compilation_cache_max_size", startup.CACHE_MAX_BYTES)
 
 
+def test_every_program_multiplies_float32_in_float32():
+    # The scripts' set-up (tests/conftest.py runs it, as main() does): a TPU would otherwise
+    # multiply float32 in one pass of bfloat16.
+    lowered = jax.jit(lambda a, b: a @ b).lower(jnp.ones((2, 2)), jnp.ones((2, 2))).as_text()
+    assert "precision = [HIGHEST, HIGHEST]" in lowered
+
+
 def test_entries_without_an_access_time_get_the_oldest_one(tmp_path):
     (tmp_path / "old-cache").write_bytes(b"x")
     (tmp_path / "kept-cache").write_bytes(b"y")
     (tmp_path / "kept-atime").write_bytes((5).to_bytes(8, "little"))
-    startup.configure_compilation_cache(str(tmp_path))
+    startup.configure_jax(str(tmp_path))
     assert (tmp_path / "old-atime").read_bytes() == (0).to_bytes(8, "little")
     assert (tmp_path / "kept-atime").read_bytes() == (5).to_bytes(8, "little")
 

@@ -175,12 +175,15 @@ def check_rollout(args) -> str | None:
 
 
 def default_num_devices(num_devices: int, *sizes: int) -> int:
-    """`num_devices`, or where it is 0, two wherever JAX has two and every one of `sizes` (what is
-    split over the devices) splits in two (then a seed is one run on any CPU count), else one."""
+    """`num_devices`, or where it is 0: on a CPU, two wherever JAX has two and every one of `sizes`
+    (what is split over the devices) splits in two (then a seed is one run on any CPU count), else
+    one; on a GPU or TPU one, which these scripts' work leaves mostly idle already."""
     import jax
 
     if num_devices:
         return num_devices
+    if jax.devices()[0].platform != "cpu":
+        return 1
     return 2 if all(size % 2 == 0 for size in sizes) and len(jax.devices()) >= 2 else 1
 
 

@@ -53,8 +53,9 @@ class RunArgs:
     """probability that the game repeats its previous action in training, as in MinAtar (0 for
     gymnax's games as they are)"""
     num_devices: int = 0
-    """devices the environments are split across (0: two where JAX has two or more and the work
-    splits in two, else one); a seed replays the same run only with the same count"""
+    """devices the environments are split across: CPU devices on a CPU, chips on a GPU or TPU (0:
+    on a CPU two where JAX has two or more and the work splits in two, else one; on a GPU or TPU
+    one); a seed replays the same run only with the same count and kind of device"""
     eval_episodes: int = 256
     """the number of complete episodes the final policy is evaluated on, per protocol and policy"""
     eval_every: int = 0

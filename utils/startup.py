@@ -1,6 +1,7 @@
-"""How a script starts: JAX's CPU devices and the garbage collector before the imports, and JAX's
-persistent compilation cache, configured one way for every entry point (scripts, harness, search,
-tests), so that no program writes entries another cannot read."""
+"""How a script starts: JAX's CPU devices and the garbage collector before the imports, then JAX's
+matrix-product precision and persistent compilation cache, configured one way for every entry
+point (scripts, harness, search, tests), so that every program computes alike and none writes
+cache entries another cannot read."""
 
 import contextlib
 import ctypes
@@ -17,6 +18,10 @@ CACHE_MAX_BYTES = 2**30  # a search compiles a program per setting: the cache mu
 # pictures and the log, which a run needs only once its programs are compiled, its peak of memory.
 DEFERRED = ("seaborn", "matplotlib.pyplot", "boto3", "utils.visualize", "utils.logger")
 M_ARENA_MAX = -8  # glibc's mallopt parameter
+# float32 matrix products and convolutions in float32 on every device. A TPU's default multiplies
+# them in one pass of bfloat16 (about three digits); a CPU computes the same bits either way. What
+# it costs on a TPU: docs/ppo_breakout.md#on-a-gpu-or-tpu. JAX_DEFAULT_MATMUL_PRECISION overrides.
+MATMUL_PRECISION = "highest"
 
 
 class DeferredModule(types.ModuleType):
@@ -53,14 +58,17 @@ def after_imports() -> None:
     gc.enable()
 
 
-def configure_compilation_cache(cache_dir: str) -> None:
-    """JAX's persistent compilation cache in `cache_dir` ("" leaves it off) for every program, also
-    those under JAX's 1 s default (a key split compiles fast), at most CACHE_MAX_BYTES, the least
-    recently used going first. Entries that a JAX without the cap wrote have no access-time file,
-    on which the cap's bookkeeping fails and no new entry is ever written: each gets one, dated
-    0, so that it is the first to go."""
+def configure_jax(cache_dir: str) -> None:
+    """JAX's float32 matrix-product precision (MATMUL_PRECISION), then its persistent compilation
+    cache in `cache_dir` ("" leaves it off) for every program, also those under JAX's 1 s default
+    (a key split compiles fast), at most CACHE_MAX_BYTES, the least recently used going first.
+    Entries that a JAX without the cap wrote have no access-time file, on which the cap's
+    bookkeeping fails and no new entry is ever written: each gets one, dated 0, so that it is the
+    first to go."""
     import jax  # here, so that before_imports() runs before JAX starts
 
+    if "JAX_DEFAULT_MATMUL_PRECISION" not in os.environ:
+        jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION)
     if not cache_dir:
         return
     path = pathlib.Path(os.path.expanduser(cache_dir))

@@ -93,7 +93,7 @@ def parse_args(script, argv: list[str] | None = None):
 
     args = cli.parse_args(script.Args, check, script.__doc__.split("\n\n")[0], argv, take_saved)
     script.fill_runtime_fields(args)
-    startup.configure_compilation_cache(args.jax_cache_dir)
+    startup.configure_jax(args.jax_cache_dir)
     return args
 
 
