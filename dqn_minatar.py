@@ -62,7 +62,8 @@ class Args(contract.RunArgs):
     """the replay buffer's capacity in transitions, over all environments (MinAtar's and Dopamine's
     DQN)"""
     batch_size: int = 32
-    """the number of n-step windows each gradient step samples from the buffer"""
+    """the number of n-step windows each gradient step samples from the buffer, uniformly and with
+    replacement (so it may exceed what the buffer holds)"""
     replay_ratio: float = 0.25
     """gradient steps per environment step (0.25 at batch 32 = each transition sampled 8 times on
     average: Dopamine's MinAtar setting)"""
@@ -502,8 +503,10 @@ def check_args(args: Args) -> str | None:
         return error
     if not 0 < args.tau <= 1:
         return f"--tau must be in (0, 1], got {args.tau}"
-    if args.total_timesteps >= 2**31:  # the clock, env_steps, is an int32
-        return f"--total-timesteps must be less than 2**31, got {args.total_timesteps}"
+    for name in ("total_timesteps", "learning_starts", "target_update_period",
+                 "epsilon_decay_steps"):  # counted on the clock, env_steps, an int32
+        if getattr(args, name) >= 2**31:
+            return f"{cli.flag(name)} must be less than 2**31, got {getattr(args, name)}"
     if args.num_devices > 1:
         return f"--num-devices {args.num_devices}: this script runs on one device"
     steps_per_iteration = args.num_envs * args.num_steps
@@ -511,6 +514,19 @@ def check_args(args: Args) -> str | None:
     if gradient_steps < 1 or abs(gradient_steps - round(gradient_steps)) > 1e-6:
         return (f"--replay-ratio {args.replay_ratio} x the iteration's {steps_per_iteration} "
                 f"steps (num_envs x num_steps) must be a whole number of gradient steps")
+    if args.total_timesteps < steps_per_iteration:
+        return (f"--total-timesteps {args.total_timesteps} is less than one iteration "
+                f"(num_envs * num_steps = {steps_per_iteration})")
+    trained = args.total_timesteps // steps_per_iteration * steps_per_iteration  # whole iterations
+    if gradient_steps * trained / steps_per_iteration >= 2**31:  # optax counts them in int32
+        return (f"--replay-ratio {args.replay_ratio} over {trained:,} steps is more gradient "
+                f"steps than the optimizer can count ({2**31 - 1:,})")
+    if args.learning_starts > trained:
+        return (f"--learning-starts {args.learning_starts} leaves no gradient step in the run's "
+                f"{trained:,} steps")
+    if args.target_update_period > trained:
+        return (f"--target-update-period {args.target_update_period} is longer than the run's "
+                f"{trained:,} steps: the target network would never follow the online one")
     if args.buffer_size % args.num_envs:
         return f"--buffer-size {args.buffer_size} must be a multiple of --num-envs {args.num_envs}"
     if args.buffer_size // args.num_envs < max(args.n_step, interleaving(args)[1]):
@@ -519,9 +535,6 @@ def check_args(args: Args) -> str | None:
     if args.learning_starts < args.num_envs * args.n_step:
         return (f"--learning-starts must be at least num_envs x n_step = "
                 f"{args.num_envs * args.n_step}, so that every row of the buffer holds a window")
-    if args.total_timesteps < steps_per_iteration:
-        return (f"--total-timesteps {args.total_timesteps} is less than one iteration "
-                f"(num_envs * num_steps = {steps_per_iteration})")
     if not args.hidden_sizes or min(args.hidden_sizes) <= 0:
         return f"--hidden-sizes must be one or more positive widths, got {args.hidden_sizes}"
     if args.conv_channels < 0:

@@ -569,11 +569,8 @@ ADDED_ARGS = {"conv_channels": 0}
 
 
 def fill_defaults(args: Args, given: set[str]) -> None:
-    """The game's row of GAME_DEFAULTS fills the fields the command line leaves unset; an
-    environment whose observations are not a grid gets no convolution unless one is given."""
-    for name, value in GAME_DEFAULTS.get(args.env_id, {}).items():
-        if name not in given:
-            setattr(args, name, value)
+    """An environment whose observations are not a grid gets no convolution unless one is given
+    (the run applies the game's row of GAME_DEFAULTS before)."""
     if "conv_channels" not in given:
         args.conv_channels = default_conv_channels(args.env_id, args.conv_channels)
 
@@ -591,7 +588,8 @@ def check_args(args: Args) -> str | None:
         return f"--hidden-sizes must be one or more positive widths, got {args.hidden_sizes}"
     if args.conv_channels < 0:
         return f"--conv-channels must be 0 (none) or positive, got {args.conv_channels}"
-    return cli.check_rollout(args) or check_grid(args.env_id, args.conv_channels)
+    return (cli.check_rollout(args, "num_minibatches", "update_epochs")
+            or check_grid(args.env_id, args.conv_channels))
 
 
 def fill_runtime_fields(args: Args) -> Args:

@@ -451,7 +451,8 @@ def check_args(args: Args) -> str | None:
         return f"--hidden-sizes must be one or more positive widths, got {args.hidden_sizes}"
     if args.conv_channels < 0:
         return f"--conv-channels must be 0 (none) or positive, got {args.conv_channels}"
-    return cli.check_rollout(args) or check_grid(args.env_id, args.conv_channels)
+    return (cli.check_rollout(args, "num_minibatches", "update_epochs")
+            or check_grid(args.env_id, args.conv_channels))
 
 
 def fill_runtime_fields(args: Args) -> Args:

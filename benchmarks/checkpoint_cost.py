@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 import tyro  # noqa: E402
 
 from benchmarks import common, tune  # noqa: E402
-from utils import checkpoint, cli, training  # noqa: E402
+from utils import checkpoint, cli, contract, training  # noqa: E402
 from utils.env import make_env  # noqa: E402
 
 
@@ -76,7 +76,7 @@ def main() -> None:
     flags = shlex.split(bench.script_args)
     args = training.parse_args(script, flags)
     args.total_timesteps = args.steps_per_iteration * bench.block * 2 * (bench.pairs + 1)
-    args = script.fill_runtime_fields(args)
+    args = contract.fill_runtime_fields(script, args)
     args.checkpoint_every = bench.checkpoint_every
     env, env_params = make_env(args.env_id, args.sticky_action_prob)
     agent = script.make_agent(args, env, env_params)

@@ -36,7 +36,7 @@ import jax  # noqa: E402
 import tyro  # noqa: E402
 
 from benchmarks import common, tune  # noqa: E402
-from utils import parallel, training  # noqa: E402
+from utils import contract, parallel, training  # noqa: E402
 from utils.env import make_env  # noqa: E402
 
 
@@ -111,7 +111,7 @@ def harness(script, args, num_seeds: int, timesteps: int, vmap_seeds: int) -> di
     default here): the aggregate training SPS."""
     cfg = copy.copy(args)
     cfg.total_timesteps = timesteps or args.total_timesteps
-    cfg = script.fill_runtime_fields(cfg)
+    cfg = contract.fill_runtime_fields(script, cfg)
     result = tune.train_seeds(cfg, list(range(1, num_seeds + 1)), eval_episodes=8, num_chunks=2,
                               vmap_seeds=vmap_seeds)
     steps = num_seeds * cfg.num_iterations * cfg.steps_per_iteration

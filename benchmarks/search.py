@@ -38,7 +38,7 @@ from optuna.trial import TrialState
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common, stats, tune  # noqa: E402  (tune sets up JAX's devices first)
-from utils import startup  # noqa: E402
+from utils import contract, startup  # noqa: E402
 
 # Heartbeats and their retry callback are marked experimental; they are what lets a study resume.
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -364,7 +364,7 @@ def objective(trial: optuna.Trial, args: Args) -> float:
     error = tune.check_settings(cfg)
     if error:  # cannot happen with the declared space; kept so a bad edit fails loudly
         raise ValueError(f"trial {trial.number}: {error}")
-    tune.script_of(cfg).fill_runtime_fields(cfg)
+    contract.fill_runtime_fields(tune.script_of(cfg), cfg)
     seeds = list(range(args.first_seed, args.first_seed + args.num_seeds))
     trial.set_user_attr("worker", f"{socket.gethostname()}:{os.getpid()}")
     trial.set_user_attr("machine", tune.machine())

@@ -8,11 +8,11 @@ seeds one after another with `lax.map`, so a seed's result does not depend on wh
 on how many, or on the number of devices. On a GPU or TPU, where one seed leaves most of the chip
 idle, each device trains its seeds side by side in one `vmap`ped program (--vmap-seeds: how many
 at once); a seed's result then depends on that count too, as a batched program may round
-differently, but not on which other seeds run beside it. Training runs in --num-chunks jitted chunks of iterations, the
-runner state donated from one to the next; after each chunk the progress is printed (stderr) and a
-curve point recorded. Each seed's final policy is then evaluated on complete episodes under both
-protocols, with the policy the script reports (its HEADLINE_POLICY): PPO's sampled actions, PQN's
-greedy ones.
+differently, but not on which other seeds run beside it. Training runs in --num-chunks jitted
+chunks of iterations, the runner state donated from one to the next; after each chunk the progress
+is printed (stderr) and a curve point recorded. Each seed's final policy is then evaluated on
+complete episodes under both protocols, with the policy the script reports (its HEADLINE_POLICY):
+PPO's sampled actions, PQN's greedy ones.
 
 Output (stdout, and --out): JSON with the per-seed returns, their mean and interquartile mean (IQM)
 with 95% bootstrap intervals, the share of seeds past the first wall (return >= 30), the pooled
@@ -110,10 +110,12 @@ def with_settings(base: type, script: str) -> type:
     """`base` (the harness's or the search's own arguments) with a flag group of `script`'s
     settings, named by group_of."""
     module = load_script(script)
-    help_text = (f"the settings of {name_of(module)}.py (seed and devices are the harness's own: "
-                 f"--first-seed, --num-devices)")
+    own = [cli.flag(f.name) for f in dataclasses.fields(base)
+           if f.name in ("first_seed", "num_devices")]  # what this command sets, not the script
+    help_text = f"the settings of {name_of(module)}.py (this command sets {', '.join(own)} itself)"
+    # No default instance: tyro then leaves out the fields filled at runtime (init=False).
     field = (group_of(script), Annotated[module.Args, tyro.conf.arg(help=help_text)],
-             dataclasses.field(default_factory=module.Args))
+             dataclasses.field(kw_only=True))
     return dataclasses.make_dataclass("Args", [field], bases=(base,))
 
 
@@ -138,7 +140,8 @@ def parse(base: type, description: str, argv: list[str] | None = None):
 def make_args(base: type, script: str = DEFAULT_SCRIPT, **fields):
     """`base`'s arguments with `script`'s settings, as `parse` would make them (for tests and
     callers in Python)."""
-    return with_settings(base, script)(script=script, **fields)
+    settings = {group_of(script): load_script(script).Args()}
+    return with_settings(base, script)(script=script, **(settings | fields))
 
 
 @dataclasses.dataclass
@@ -549,7 +552,11 @@ def main() -> None:
     if error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    cfg = script.fill_runtime_fields(settings(args))
+    try:
+        cfg = contract.fill_runtime_fields(script, settings(args))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     startup.configure_jax(cfg.jax_cache_dir)
     baseline = None
     if args.baseline:

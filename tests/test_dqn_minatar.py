@@ -111,6 +111,36 @@ def test_the_iteration_writes_each_environments_steps_in_order_into_its_own_row(
     assert int(chunks.ended.done.sum()) == int(done[:, -6:].sum())
 
 
+def test_at_epsilon_0_every_environment_takes_the_action_of_highest_q():
+    # clock_q's best action is 1 in every state; epsilon 0 draws no random action.
+    args = probe_args()
+    env, network, _, _, runner = probe_setup(args)
+    collect = jax.jit(lambda runner: dqn.collect_transitions(
+        runner, env, env.default_params, network, 12, lambda steps: 0.0, dqn.AS_IS))
+    _, (transitions, _, epsilon) = collect(runner)
+    assert (np.asarray(epsilon) == 0).all()
+    assert (np.asarray(transitions.action) == 1).all()
+
+
+def test_an_iteration_interleaves_the_replay_ratios_gradient_steps_with_its_steps():
+    # The defaults: 128 chunks of one step of the 32 environments, each chunk followed by 8
+    # gradient steps (docs/dqn_minatar.md): 1,024 an iteration, 0.25 per environment step.
+    assert dqn.interleaving(dqn.Args()) == (128, 1, 8)
+    # ProbeEnv's settings: chunks of 1 step of 4 environments, 2 gradient steps each; the warm-up
+    # skips the chunks whose clock is below learning_starts (8): 22 gradient steps in 2 iterations,
+    # replay_ratio x the 44 environment steps of the chunks past it.
+    args = probe_args()
+    assert dqn.interleaving(args) == (6, 1, 2)
+    env, network, optimizer, buffer, runner = probe_setup(args)
+    step = jax.jit(dqn.make_update_step(args, env, env.default_params, network, optimizer, buffer))
+    logged = []
+    for _ in range(2):
+        runner, metrics = step(runner)
+        logged.append(int(metrics["gradient_steps"]))
+    past_warm_up = sum(clock >= args.learning_starts for clock in range(4, 49, 4))
+    assert logged == [10, 12] and sum(logged) == args.replay_ratio * 4 * past_warm_up
+
+
 def test_epsilon_is_1_through_the_warm_up_then_decays_linearly_then_stays():
     epsilon = dqn.epsilon_schedule(dqn.Args(learning_starts=1000, epsilon_decay_steps=2000,
                                             epsilon_end=0.01))
@@ -396,7 +426,7 @@ def test_the_update_learns_known_q_values_on_a_probe():
 def test_make_agent_trains_on_breakout_and_reports_the_contracts_metrics():
     args = dqn.fill_runtime_fields(dqn.Args(
         num_envs=4, num_steps=8, buffer_size=256, batch_size=8, learning_starts=32,
-        hidden_sizes=(16,), conv_channels=4, total_timesteps=32 * 4))
+        target_update_period=64, hidden_sizes=(16,), conv_channels=4, total_timesteps=32 * 4))
     assert dqn.check_args(args) is None and args.gradient_steps_per_iteration == 8
     env, env_params = make_env(args.env_id, args.sticky_action_prob)
     agent = dqn.make_agent(args, env, env_params)

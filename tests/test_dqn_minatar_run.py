@@ -79,6 +79,13 @@ BAD_INPUTS = [
     (["--load-model", "nothing.safetensors"], "no such file"),
     (["--resume", "runs/nothing"], "--resume runs/nothing: no such run directory"),
     (["--n-step", "abc"], "Error parsing --n-step"),
+    (["--replay-ratio", "1e9"], "more gradient steps than the optimizer can count"),
+    (["--learning-starts", "3000000000"], "--learning-starts must be less than 2**31"),
+    (["--target-update-period", "3000000000"], "--target-update-period must be less than 2**31"),
+    (["--epsilon-decay-steps", "3000000000"], "--epsilon-decay-steps must be less than 2**31"),
+    (["--learning-starts", "100000", "--total-timesteps", "8192"],
+     "--learning-starts 100000 leaves no gradient step in the run's 8,192 steps"),
+    (["--target-update-period", "10000000"], "the target network would never follow"),
 ]
 
 

@@ -1,6 +1,6 @@
 """Tests of utils/checkpoint.py: a state with a typed key round-trips bit for bit, and what was
 logged before a checkpoint is on disk once the checkpoint is. The script resumed from its
-checkpoints: test_ppo_breakout_run.py."""
+checkpoints: test_ppo_breakout_stops.py."""
 
 import glob
 import os
@@ -12,7 +12,7 @@ import pytest
 
 import ppo_breakout as ppo
 from helpers import logged_events
-from utils import checkpoint, files, logger
+from utils import checkpoint, files, logger, training
 
 
 def test_a_state_with_a_typed_key_round_trips_bit_for_bit(tmp_path):
@@ -34,9 +34,9 @@ def test_a_state_with_a_typed_key_round_trips_bit_for_bit(tmp_path):
 
 def test_a_checkpoint_holds_the_state_as_saved_while_the_next_step_takes_over_its_memory(
         tmp_path, monkeypatch):
-    # The run's update step is donated the state it steps: a checkpoint still being written must
-    # neither read the memory the next state is written into nor keep the state from being donated
-    # (then each checkpoint would cost a second state). Its write waits here until the step ran.
+    # The run's update step is donated the state it steps: the run hands a checkpoint a copy made on
+    # the device (training.copy_tree), which the background write brings to the host while the
+    # next step writes into the original's memory. Its write waits here until the step ran.
     state = {"key": jax.random.key(5), "buffer": jax.numpy.arange(24, dtype=jax.numpy.uint8),
              "x": jax.numpy.linspace(0.0, 1.0, 7)}
     saved = jax.tree.map(np.array, jax.random.key_data(state["key"])), np.array(state["x"])
@@ -48,7 +48,7 @@ def test_a_checkpoint_holds_the_state_as_saved_while_the_next_step_takes_over_it
         f.write(b"the last checkpoint, replaced whole")
     log = logger.RunLog(str(tmp_path), step=0)
     checkpoints = checkpoint.Checkpointer(ppo.__file__, str(tmp_path), ppo.Args(), log)
-    checkpoints.save(state, checkpoint.fresh_start(), step=7)
+    checkpoints.save(training.copy_tree(state), checkpoint.fresh_start(), step=7)
     step = jax.jit(lambda s: jax.tree.map(lambda x: x if x.dtype == state["key"].dtype else x + 1,
                                           s), donate_argnums=0)
     try:

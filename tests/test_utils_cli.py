@@ -1,12 +1,16 @@
 """Tests of utils/cli.py: the flags a command line gives are found, whichever way they are spelt;
-the memory check counts a donated state once. Every argument check, run as a user meets it:
-test_ppo_breakout_run.py."""
+the memory check counts a donated state once and sees the process's own limit. Every argument
+check, run as a user meets it: test_ppo_breakout_stops.py."""
+
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 import ppo_breakout as ppo
+from helpers import ROOT
 from utils import cli
 
 
@@ -33,3 +37,12 @@ def test_the_memory_check_counts_a_state_written_into_its_own_memory_once(monkey
     monkeypatch.setattr(cli, "available_memory_bytes", lambda: needed - 1)
     with pytest.raises(ValueError, match="training would need about"):
         cli.check_memory("training", like, compiled)
+
+
+def test_the_memory_check_sees_the_process_address_space_limit():
+    # Under RLIMIT_AS (or a cgroup's limit) a machine's free memory is not the process's.
+    code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (2**30, 2**30)); "
+            "from utils import cli; print(cli.available_memory_bytes())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    assert 0 < int(out) < 2**30

@@ -1,6 +1,7 @@
 """Tests of utils/model.py: a model file round-trips with the network's arguments in its header,
 refuses another network, and a failed save leaves nothing behind."""
 
+import importlib
 import os
 
 import jax
@@ -10,7 +11,7 @@ import pytest
 import tyro
 
 import ppo_breakout as ppo
-from helpers import network_args, tiny_network_params
+from helpers import ROOT, network_args, run_main, tiny_network_params
 from utils import checkpoint
 from utils import model as model_file
 
@@ -64,3 +65,28 @@ def test_a_failed_save_leaves_neither_a_model_nor_a_temporary_file(tmp_path, mon
                               network_args(args), {})
 
     assert os.listdir(tmp_path) == []
+
+
+MODELS = {"ppo_breakout": "models/ppo_breakout__Breakout.safetensors",
+          "pqn_minatar": "models/pqn_minatar__Breakout.safetensors",
+          "dqn_minatar": "models/dqn_minatar__Breakout.safetensors"}
+
+
+@pytest.mark.parametrize("script_name, writer", [(s, w) for s in MODELS for w in MODELS if s != w])
+def test_every_script_refuses_another_scripts_model_file(script_name, writer, tmp_path):
+    # PQN's and DQN's networks are alike: the file's writer, not its tensors, tells them apart.
+    # These files predate the header's `script`: their runs' arguments name the writer.
+    script = importlib.import_module(script_name)
+    result = run_main(script, tmp_path, "--load-model", os.path.join(ROOT, MODELS[writer]))
+    err = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(err) == 1, result.stderr[-400:]
+    assert err[0].startswith("error: ") and "was written by another script" in err[0], err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_runs_model_file_names_its_script(tmp_path):
+    path = model_file.save_run_model(str(tmp_path), "pqn_minatar", ppo.Args(),
+                                     {"w": {"b": np.zeros(1, np.float32)}}, ("env_id",), 0)
+    model_file.check_writer(path, "pqn_minatar", set())
+    with pytest.raises(ValueError, match="was written by pqn_minatar.py, not dqn_minatar.py"):
+        model_file.check_writer(path, "dqn_minatar", {"env_id"})

@@ -133,9 +133,7 @@ def check_args(args: Args) -> str | None:
 
 
 def fill_runtime_fields(args: Args) -> Args:
-    args.steps_per_iteration = args.num_envs * args.num_steps
-    args.num_iterations = args.total_timesteps // args.steps_per_iteration
-    args.num_devices = 1
+    args.steps_per_iteration = args.num_envs * args.num_steps  # the machinery fills the rest
     return args
 
 

@@ -10,12 +10,13 @@ import json
 import math
 import os
 import re
+import resource
 import signal
 import sys
 import time
 import typing
 from collections.abc import Callable
-from typing import Literal
+from typing import Literal, NoReturn
 
 import tyro
 
@@ -148,26 +149,30 @@ def check_run_args(args) -> str | None:
     return check_env_id(args.env_id)
 
 
-def check_rollout(args) -> str | None:
+def check_rollout(args, minibatches: str | None = None, epochs: str | None = None) -> str | None:
     """What is wrong with an on-policy script's batches, or None: rollouts of num_envs x num_steps
-    cut into num_minibatches for update_epochs, split over --num-devices, within the budget and
-    within what the optimizer can count."""
-    error = check_numbers(args, positive=("num_envs", "num_steps", "num_minibatches",
-                                          "update_epochs"))
+    (fields of `args`), cut into minibatches for epochs where the script names those fields (PPO's
+    and PQN's num_minibatches and update_epochs; one gradient step a rollout where it names none),
+    split over --num-devices, within the budget and within what the optimizer can count."""
+    counts = [name for name in (minibatches, epochs) if name]
+    error = check_numbers(args, positive=("num_envs", "num_steps", *counts))
     if error:
         return error
+    num_minibatches = getattr(args, minibatches) if minibatches else 1
+    num_epochs = getattr(args, epochs) if epochs else 1
     batch_size = args.num_envs * args.num_steps
-    if batch_size % args.num_minibatches:
+    if batch_size % num_minibatches:
         return (f"the batch (num_envs * num_steps = {batch_size}) does not divide into "
-                f"--num-minibatches {args.num_minibatches}")
+                f"{flag(minibatches)} {num_minibatches}")
     if args.total_timesteps < batch_size:
         return (f"--total-timesteps {args.total_timesteps} is less than one batch "
                 f"(num_envs * num_steps = {batch_size})")
-    num_updates = args.total_timesteps // batch_size * args.update_epochs * args.num_minibatches
+    num_updates = args.total_timesteps // batch_size * num_epochs * num_minibatches
     if num_updates >= 2**31:  # optax counts gradient steps (schedule, Adam's bias fix) in int32
-        return (f"{num_updates:,} gradient steps (--total-timesteps / batch x --update-epochs x "
-                f"--num-minibatches) is more than the optimizer can count ({2**31 - 1:,})")
-    minibatch_size = batch_size // args.num_minibatches
+        per_batch = " x ".join(["--total-timesteps / batch", *map(flag, counts)])
+        return (f"{num_updates:,} gradient steps ({per_batch}) is more than the optimizer can "
+                f"count ({2**31 - 1:,})")
+    minibatch_size = batch_size // num_minibatches
     if args.num_devices and (args.num_envs % args.num_devices or minibatch_size % args.num_devices):
         return (f"--num-devices {args.num_devices} must divide both --num-envs {args.num_envs} and "
                 f"the minibatch size {minibatch_size}")
@@ -206,12 +211,23 @@ def check_memory(what: str, state, compiled=None) -> None:
 
 
 def available_memory_bytes() -> int:
-    """Memory the OS can give this process now (MemAvailable), or all of it where unknown."""
+    """Memory the OS can give this process now: the machine's (MemAvailable, or all of it where
+    unknown), within what its cgroup (v2) leaves and its address-space limit (RLIMIT_AS) leaves."""
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     with contextlib.suppress(OSError, ValueError, StopIteration):
         with open("/proc/meminfo") as f:
             line = next(line for line in f if line.startswith("MemAvailable"))
-            return int(line.split()[1]) * 1024
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            available = int(line.split()[1]) * 1024
+    with contextlib.suppress(OSError, ValueError):  # "max" where the cgroup sets no limit
+        with open("/sys/fs/cgroup/memory.max") as f, open("/sys/fs/cgroup/memory.current") as g:
+            available = min(available, int(f.read()) - int(g.read()))
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit != resource.RLIM_INFINITY:
+        with contextlib.suppress(OSError, ValueError, StopIteration):
+            with open("/proc/self/status") as f:
+                line = next(line for line in f if line.startswith("VmSize"))
+                available = min(available, limit - int(line.split()[1]) * 1024)
+    return available
 
 
 def make_run_dir(name: str) -> str:
@@ -243,14 +259,19 @@ class StopSignals:
             signal.signal(signum, handler)
 
 
+def fail(message: str) -> NoReturn:
+    """The scripts' refusal: one `error:` line and exit 2."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def or_exit(read: Callable, *args):
     """read(*args), or one `error:` line and exit 2 where it raises ValueError (a file the user
     named that this code cannot use)."""
     try:
         return read(*args)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+        fail(str(e))
 
 
 class RunSummary(dict):

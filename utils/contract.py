@@ -10,7 +10,11 @@ What a script module defines:
 - `Args`: a dataclass that extends `RunArgs` (below) with the script's hyperparameters alone, and
   fills the runtime field `steps_per_iteration` (and any of its own) in `fill_runtime_fields`.
 - `fill_runtime_fields(args) -> args`: sets `args.steps_per_iteration` (environment steps one
-  update step takes, over all environments) and whatever else the script derives.
+  update step takes, over all environments) and whatever else the script derives. It may also set
+  `num_iterations` and resolve `num_devices` (0: automatic); what it leaves, the machinery fills
+  (`fill_runtime_fields` below): total_timesteps // steps_per_iteration iterations, and one device.
+  A script whose make_agent hands over no `parallel_update_step` is refused more than one device
+  with one `error:` line.
 - `check_args(args) -> str | None`: what is wrong with the script's own hyperparameters, or None.
   The shared fields are checked by `utils.cli.check_run_args`, which calls it.
 - `make_agent(args, env, env_params) -> Agent`: what the script hands over (below).
@@ -19,12 +23,13 @@ What a script module defines:
   the harness use it; both are evaluated.
 - `NETWORK_ARGS`: the Args fields that rebuild the network, which a model file's header records.
 - Optional: `ADDED_ARGS` ({field: value} of fields added since files were first saved, with the
-  value they had before), `GAME_DEFAULTS` ({env_id: {field: value}}, per-game rows that a flag on
-  the command line overrides), `SEARCH_SPACE` (the search's space, benchmarks/search.py reads it),
-  `QUIET_ARGS` ({field: value} of fields that only add logging: the harness trains with these
-  values) and `STABILITY_METRICS` ({metric: "max" or "min"}: with the harness's --stability, each
-  seed's extreme of each over all of training, from the update step's metrics, with QUIET_ARGS
-  not applied).
+  value they had before), `GAME_DEFAULTS` ({env_id: {field: value}}, per-game rows that a run
+  applies where the command line leaves the field; the harness applies none), `fill_defaults(args,
+  given)` (fills what the command line leaves, after the game's row; `given`: the fields it sets),
+  `SEARCH_SPACE` (the search's space, benchmarks/search.py reads it), `QUIET_ARGS` ({field: value}
+  of fields that only add logging: the harness trains with these values) and `STABILITY_METRICS`
+  ({metric: "max" or "min"}: with the harness's --stability, each seed's extreme of each over all of
+  training, from the update step's metrics, with QUIET_ARGS not applied).
 
 What the update step returns: `(state, metrics)`, the metrics a dict of arrays holding at least
 `episodes`, `episode_return_sum` and `episode_length_sum` (of the training episodes that ended in
@@ -33,6 +38,7 @@ the step) and `finite` (False once a loss, gradient or parameter is not finite),
 """
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -83,6 +89,26 @@ class RunArgs:
     """the number of iterations, total_timesteps // steps_per_iteration"""
 
 
+def fill_runtime_fields(script, args):
+    """`args` with its runtime fields filled: the script's `fill_runtime_fields`, then what it may
+    leave (the iterations, total_timesteps // steps_per_iteration; one device where it resolves
+    none). ValueError where the script set no steps_per_iteration (its duty) or the budget is less
+    than one iteration."""
+    args.steps_per_iteration = args.num_iterations = 0  # what a fill before this one left
+    script.fill_runtime_fields(args)
+    name = os.path.basename(script.__file__)
+    if args.steps_per_iteration <= 0:
+        raise ValueError(f"{name}'s fill_runtime_fields must set args.steps_per_iteration, the "
+                         f"environment steps of one update step (utils/contract.py); it is "
+                         f"{args.steps_per_iteration}")
+    args.num_iterations = args.num_iterations or args.total_timesteps // args.steps_per_iteration
+    if args.num_iterations <= 0:
+        raise ValueError(f"--total-timesteps {args.total_timesteps} is less than one iteration "
+                         f"({args.steps_per_iteration} steps)")
+    args.num_devices = args.num_devices or 1
+    return args
+
+
 # The fields that change no result: the harness leaves them out of what it compares, and --resume
 # lets the command line change the ones in RESUME_MAY_CHANGE.
 NOT_RESULTS = ("exp_name", "seed", "num_devices", "eval_every", "checkpoint_every", "resume",
@@ -108,10 +134,10 @@ class Agent(NamedTuple):
       donation without a word: the step then allocates a second state. The loop hands the
       step's metrics, still on the device, to `run.log_iteration` with two functions of the
       metrics once read: the script's TensorBoard scalars and what it names where
-      `metrics["finite"]` is False. The run reads them one iteration late (the device runs the
-      next step meanwhile) and stops the loop after a non-finite one; the loop hands its last
-      state to `finish`, `evaluate` and `save_model` all the same (they know whether it is
-      finite).
+      `metrics["finite"]` is False. On a GPU or TPU the run reads them one iteration late (the
+      device runs the next step meanwhile); it stops the loop after a non-finite one; the loop
+      hands its last state to `finish`, `evaluate` and `save_model` all the same (they know
+      whether it is finite).
     - `parallel_update_step(mesh) -> update step` over the devices of `mesh` (its axis named
       utils.parallel.AXIS), under `jax.shard_map`, not jitted (the machinery jits and donates as
       above; the new state's specs must be `state_specs`, or it cannot take the old one's

@@ -25,14 +25,32 @@ def save_model(path: str, params: dict, network_args: dict, metadata: dict[str, 
     write_atomically(path, safetensors.numpy.save(tensors, header))
 
 
-def save_run_model(run_dir: str, args, params: dict, network_args: tuple[str, ...],
+def save_run_model(run_dir: str, script: str, args, params: dict, network_args: tuple[str, ...],
                    step: int) -> str:
     """A run's final parameters as run_dir/model.safetensors, its header holding the arguments in
-    `network_args`, the step and all the run's arguments; the path."""
+    `network_args`, the script that wrote it (its name, ppo_breakout), the step and all the run's
+    arguments; the path."""
     path = os.path.join(run_dir, MODEL)
     save_model(path, params, {name: getattr(args, name) for name in network_args},
-               {"global_step": str(step), "args": json.dumps(vars(args))})
+               {"script": json.dumps(script), "global_step": str(step),
+                "args": json.dumps(vars(args))})
     return path
+
+
+def check_writer(path: str, script: str, fields: set[str]) -> None:
+    """ValueError unless the model file at `path` was written by `script` (a name, ppo_breakout):
+    as its header's `script` says, or, in a file from before it said, as the run's arguments show,
+    each of which must be one of `fields` (the script's Args). Two scripts may share a network."""
+    _, header = read_safetensors(path, "--load-model")
+    if "script" in header:
+        writer = header_value(path, header, "script")
+        if writer != script:
+            raise ValueError(f"{path} was written by {writer}.py, not {script}.py")
+    elif "args" in header:
+        foreign = sorted(set(header_value(path, header, "args")) - fields)
+        if foreign:
+            raise ValueError(f"{path} was written by another script: its run had "
+                             f"{flag(foreign[0])}, which {script}.py has not")
 
 
 def read_network_args(path: str, names: tuple[str, ...], before: dict | None = None) -> dict:

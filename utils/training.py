@@ -9,12 +9,14 @@ calling `state, metrics = run.update_step(state)`, `log_iteration` and `end_iter
 it `finish`, `evaluate` and `save_model`. The update step takes over the state it is given (JAX's
 donation): the new state is written into the old one's memory, which is gone after the call.
 
-The host reads an iteration's metrics one iteration late: `update_step` only queues the step on
-the device and returns, and `log_iteration` logs the iteration before, whose metrics are ready by
-then, while the device runs this one. On a GPU or TPU the device thus never waits for the host's
-logging; what is logged, checkpointed and evaluated, and where Ctrl-C or a non-finite step stops,
-is what it would be if each step were read before the next began."""
+On a GPU or TPU the host reads an iteration's metrics one iteration late: `update_step` only
+queues the step on the device and returns, and `log_iteration` logs the iteration before, whose
+metrics are ready by then, while the device runs this one; the device never waits for the host's
+logging. What is logged, checkpointed and evaluated, and where Ctrl-C or a non-finite step stops,
+is what it would be if each step were read before the next began, as it is on a CPU, where the
+host's work would share the cores with the step's (`end_iteration` reads it there)."""
 
+import dataclasses
 import os
 import sys
 import time
@@ -25,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from utils import checkpoint, cli, evaluation, logger, model, parallel, startup, visualize
+from utils import checkpoint, cli, contract, evaluation, logger, model, parallel, startup, visualize
 from utils.checkpoint import Checkpointer, Progress, fresh_start, read_checkpoint_args
 from utils.contract import RESUME_MAY_CHANGE
 
@@ -61,6 +63,8 @@ def take_saved_args(script, args, given: set[str]) -> str | None:
         if args.resume and args.load_model:
             return "--resume continues training and --load-model only evaluates: give one of them"
         if args.load_model:
+            model.check_writer(args.load_model, script_name(script),
+                               {f.name for f in dataclasses.fields(script.Args)})
             saved = model.read_network_args(args.load_model, script.NETWORK_ARGS, before)
             return cli.adopt(args, saved, given, f"{args.load_model} was trained")
         if args.resume:
@@ -73,9 +77,10 @@ def take_saved_args(script, args, given: set[str]) -> str | None:
 
 def parse_args(script, argv: list[str] | None = None):
     """The script's Args from the command line, or one `error:` line and exit 2: --load-model and
-    --resume bring the arguments they were saved with, otherwise the script's `fill_defaults` (if
-    any) fills what the command line leaves; then the script's checks and the shared ones, the
-    runtime fields, and JAX's compilation cache."""
+    --resume bring the arguments they were saved with, otherwise the game's row of the script's
+    GAME_DEFAULTS and its `fill_defaults` (each if any) fill what the command line leaves; then the
+    script's checks and the shared ones, the runtime fields (contract.fill_runtime_fields), and
+    JAX's precision and compilation cache."""
     global STARTED
     STARTED = time.time()
 
@@ -84,6 +89,9 @@ def parse_args(script, argv: list[str] | None = None):
             args.exp_name = args.exp_name or script_name(script)
         if args.load_model or args.resume:
             return take_saved_args(script, args, given)
+        for name, value in getattr(script, "GAME_DEFAULTS", {}).get(args.env_id, {}).items():
+            if name not in given:  # the game's row, where the command line leaves the field
+                setattr(args, name, value)
         if hasattr(script, "fill_defaults"):
             script.fill_defaults(args, given)
         return None
@@ -92,7 +100,7 @@ def parse_args(script, argv: list[str] | None = None):
         return cli.check_run_args(args) or script.check_args(args)
 
     args = cli.parse_args(script.Args, check, script.__doc__.split("\n\n")[0], argv, take_saved)
-    script.fill_runtime_fields(args)
+    cli.or_exit(contract.fill_runtime_fields, script, args)
     startup.configure_jax(args.jax_cache_dir)
     return args
 
@@ -110,6 +118,9 @@ class Run:
         self.script, self.args, self.agent = script.__file__, args, agent
         self.params = None  # --load-model's; after a non-finite stop, those from before it
         self.pending = self.params_before = None  # the iteration not read yet; its start's params
+        # On a CPU the host's reading shares the cores with the step's work, which it slowed (PPO
+        # 0.86-0.94x): there each iteration is read as soon as it is queued, as before.
+        self.late = jax.devices()[0].platform != "cpu"
         self.status = None  # how training ended: completed, interrupted or non_finite
         self.headline = script.HEADLINE_POLICY
         self.network_args = script.NETWORK_ARGS
@@ -139,7 +150,10 @@ class Run:
                                       script.NETWORK_ARGS, getattr(script, "ADDED_ARGS", {}))
         else:
             # One device runs the update step a reader follows; more run the script's own
-            # data-parallel version of it.
+            # data-parallel version of it, where it has one.
+            if args.num_devices > 1 and agent.parallel_update_step is None:
+                cli.fail(f"--num-devices {args.num_devices}: {os.path.basename(self.script)} runs "
+                         f"on one device (its make_agent hands over no parallel_update_step)")
             if args.num_devices > 1:
                 mesh = parallel.make_mesh(args.num_devices)
                 shardings = parallel.shardings(mesh, agent.state_specs)
@@ -244,6 +258,8 @@ class Run:
             self.pending = pending._replace(state=copy_tree(state))
         if self.evaluates_after(iteration):
             self.pending = self.pending._replace(params=copy_tree(self.agent.params(state)))
+        if not self.late:
+            self.read_pending()
 
     def read_pending(self) -> None:
         """Reads the iteration still pending, if any: after the loop, or where a caller times
@@ -381,8 +397,8 @@ class Run:
         if not self.args.save_model or self.args.load_model:
             return
         self.summary["model"] = model.save_run_model(
-            self.run_dir, self.args, self.parameters(state), self.network_args,
-            self.summary["global_step"])
+            self.run_dir, os.path.splitext(os.path.basename(self.script))[0], self.args,
+            self.parameters(state), self.network_args, self.summary["global_step"])
 
     def __exit__(self, *exc_info) -> None:
         try:
