@@ -37,8 +37,9 @@ startup.configure_jax(ppo.Args.jax_cache_dir)
 # the other, not compiled twice at once.
 SHARED_PROGRAMS = {
     # the session's tiny run; the signal tests' run is the resume tests' one
-    "ppo_breakout runs": ["test_ppo_breakout_run.py", "test_utils_startup.py",
-                          "test_benchmarks_plot_curves.py", "test_benchmarks_results_table.py"],
+    "ppo_breakout runs": ["test_ppo_breakout_run.py", "test_ppo_breakout_stops.py",
+                          "test_utils_startup.py", "test_benchmarks_plot_curves.py",
+                          "test_benchmarks_results_table.py"],
     # tune's tiny PQN run is the search's PQN defaults trial
     "harness runs": ["test_benchmarks_tune.py", "test_benchmarks_search.py"],
 }
@@ -72,8 +73,9 @@ def cache_only_slow_compiles():
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """One tiny training run of the script, shared by the tests that read what it leaves (in
-    test_ppo_breakout_run.py, test_utils_startup.py, test_benchmarks_plot_curves.py and
-    test_benchmarks_results_table.py); it also evaluates after its first iteration."""
+    test_ppo_breakout_run.py, test_ppo_breakout_stops.py, test_utils_startup.py,
+    test_benchmarks_plot_curves.py and test_benchmarks_results_table.py); it also evaluates after
+    its first iteration."""
     path = tmp_path_factory.mktemp("tiny")
     result = run_in_process(path, *TINY, "--eval-every", "1")
     assert result.returncode == 0, result.stderr
