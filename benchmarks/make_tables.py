@@ -77,12 +77,16 @@ def per_seed(result: dict) -> dict:
                 "eval_returns_minatar": [r["eval"]["sticky_0.1"][policy]["mean"] for r in rows],
                 "curves": [r["curve"] for r in rows],
                 "eval_curves": [r.get("eval_curve") for r in rows],
-                "sps": [r.get("sps") for r in rows]}
+                "sps": [r.get("sps") for r in rows],
+                "timings": [{k: r.get(k) for k in RUN_TIMES} for r in rows]}
     return {**result, "args": recorded_args(result), **(result.get("stability") or {})}
 
 
 PER_SEED = ("seeds", "eval_returns", "eval_returns_minatar", "curves", "eval_curves", "sps",
-            "logit_gap_max", "log_ratio_min", "log_ratio_max", "non_finite")
+            "timings", "logit_gap_max", "log_ratio_min", "log_ratio_max", "non_finite")
+# A script run's times, in seconds, as its row records them (process_wall_seconds: from the
+# process's start to its exit, where a timer outside it recorded that).
+RUN_TIMES = ("process_wall_seconds", "compile_seconds", "train_seconds", "eval_seconds")
 
 
 def result_of(files: str | list[str], seeds: list[int] | None = None) -> dict:
@@ -271,6 +275,8 @@ WHOLE = {  # cells of a whole result r (and its baseline b)
     "ratio": lambda r, b: r["args"]["ratio"],
     "train_s": lambda r, b: f"{seconds(r):.0f}",
     "sps": lambda r, b: ", ".join(f"{v:,.0f}" for v in r["sps"]),  # per seed
+    **{f"run_{name.split('_')[0]}": lambda r, b, name=name: ", ".join(  # per seed, e.g. run_compile
+        f"{t[name]:.1f}" for t in r["timings"]) for name in RUN_TIMES},
     "train_ratio": lambda r, b: f"{seconds(r) / seconds(b):.2f}",
     "changed": changed,
     "changed_value": lambda r, b: show(next(iter(r["changed_args"].values()))),
@@ -371,6 +377,12 @@ def speed_rows(table: dict, report: dict) -> list[dict]:
     configs = report.get("configs") or report.get("versions")  # script_speed.py's: versions
     if table["source"] == "configs":  # rounds of {config: run}, against the first config
         rounds = [[r[c] | {"key": c} for c in configs] for r in report["rounds"]]
+    elif table["source"] == "loop":  # loop_speed.py's: the script and its bare step per round,
+        # the bare step at other precisions once, in the first round
+        configs = ["bare", "script"]
+        rounds = [[r[c] | {"key": c} for c in configs] for r in report["rounds"]]
+        rounds[0] += [run | {"key": f"bare, {precision}"}
+                      for precision, run in report["bare_step_at_precision"].items()]
     else:  # "runs": a flat list of runs, each of a variant (and a game) in a round
         runs = report["runs"]
         keys = sorted({r["round"] for r in runs})
@@ -387,7 +399,7 @@ def speed_rows(table: dict, report: dict) -> list[dict]:
         sps = lambda r: r.get("sps", float("nan"))  # noqa: E731  (an evaluation trains nothing)
         out.append({**row, "rounds": len(own), "sps": [sps(r) for r in own],
                     "sps_k": [sps(r) / 1000 for r in own],
-                    "wall": [r["wall_seconds"] for r in own],
+                    "wall": [r.get("wall_seconds", float("nan")) for r in own],
                     "compile": [r.get("compile_seconds", float("nan")) for r in own],
                     "peak": [r.get("peak_memory_mb", float("nan")) for r in own],
                     "ref_over_own": [sps(f) / sps(o) for o, f in pairs],
