@@ -470,7 +470,21 @@ def models_table(table: dict) -> str:
     return "\n".join(lines)
 
 
+def rows_table(table: dict) -> str:
+    """A benchmark's own rows (its report's `rows`): each table row is the report's row whose
+    fields equal the table row's `match`, its cells formatted from that row's fields and the table
+    row's own; the preamble from the report's fields."""
+    report = load(table["file"])
+    lines = [table["preamble"].format(**report), "", table["head"], table["rule"]]
+    for row in table["rows"]:
+        (found,) = [r for r in report["rows"]
+                    if all(r[k] == v for k, v in row["match"].items())]
+        lines.append("| " + " | ".join(c.format(**found, **row) for c in table["cells"]) + " |")
+    return "\n".join(lines)
+
+
 RENDERERS = {"results": results_table, "games": games_table, "speed": speed_table,
+             "rows": rows_table,
              "same_run": same_run, "commands": commands_block,
              "parts": parts, "models": models_table}
 

@@ -58,7 +58,7 @@ def test_what_a_script_leaves_of_its_runtime_fields_the_machinery_fills():
 
 def test_a_script_that_sets_no_steps_per_iteration_is_told_its_duty(tmp_path, monkeypatch):
     monkeypatch.setattr(tiny_pg, "fill_runtime_fields", lambda args: args)
-    refused(run_main(tiny_pg, tmp_path), tmp_path,
+    refused(run_main(tiny_pg, tmp_path, timeout=120), tmp_path,
             "tiny_pg.py's fill_runtime_fields must set args.steps_per_iteration")
 
 

@@ -20,7 +20,7 @@ DEFERRED = ("seaborn", "matplotlib.pyplot", "boto3", "utils.visualize", "utils.l
 M_ARENA_MAX = -8  # glibc's mallopt parameter
 # float32 matrix products and convolutions in float32 on every device. A TPU's default multiplies
 # them in one pass of bfloat16 (about three digits); a CPU computes the same bits either way. What
-# it costs on a TPU: docs/ppo_breakout.md#on-a-gpu-or-tpu. JAX_DEFAULT_MATMUL_PRECISION overrides.
+# it costs on a TPU: docs/accelerators.md. JAX_DEFAULT_MATMUL_PRECISION overrides.
 MATMUL_PRECISION = "highest"
 
 
