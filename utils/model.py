@@ -28,7 +28,7 @@ def save_model(path: str, params: dict, network_args: dict, metadata: dict[str, 
 def save_run_model(run_dir: str, script: str, args, params: dict, network_args: tuple[str, ...],
                    step: int) -> str:
     """A run's final parameters as run_dir/model.safetensors, its header holding the arguments in
-    `network_args`, the script that wrote it (its name, ppo_breakout), the step and all the run's
+    `network_args`, the script that wrote it (its file name without .py), the step and all the run's
     arguments; the path."""
     path = os.path.join(run_dir, MODEL)
     save_model(path, params, {name: getattr(args, name) for name in network_args},
@@ -38,7 +38,7 @@ def save_run_model(run_dir: str, script: str, args, params: dict, network_args: 
 
 
 def check_writer(path: str, script: str, fields: set[str]) -> None:
-    """ValueError unless the model file at `path` was written by `script` (a name, ppo_breakout):
+    """ValueError unless the model file at `path` was written by `script` (a file name, no .py):
     as its header's `script` says, or, in a file from before it said, as the run's arguments show,
     each of which must be one of `fields` (the script's Args). Two scripts may share a network."""
     _, header = read_safetensors(path, "--load-model")

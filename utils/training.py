@@ -236,10 +236,11 @@ class Run:
     def log_iteration(self, iteration: int, metrics: dict, scalars: Callable[[dict], dict],
                       first_non_finite: Callable[[dict], str]) -> None:
         """Takes iteration `iteration`'s metrics (the device's arrays, from `update_step`) and logs
-        the iteration before it, whose metrics are ready by now: charts/SPS and the episodes that
-        ended in it (never placeholders), the script's own `scalars(metrics)` ({tag: value}; what
-        is not finite stays out), and `metrics["histograms"]`, if there, on the first iteration
-        and every tenth. Where that iteration's `metrics["finite"]` is False, training stops
+        the iteration before it if still pending (on a GPU or TPU; a CPU's `end_iteration` read it
+        already), whose metrics are ready by now: charts/SPS and the episodes that ended in it
+        (never placeholders), the script's own `scalars(metrics)` ({tag: value}; what is not
+        finite stays out), and `metrics["histograms"]`, if there, on the first iteration and
+        every tenth. Where that iteration's `metrics["finite"]` is False, training stops
         there: `first_non_finite(metrics)` names what went non-finite, and this iteration is
         dropped."""
         done, self.pending = self.pending, Pending(iteration, metrics, scalars, first_non_finite,
