@@ -590,7 +590,7 @@ def main() -> None:
         runner = run.state  # fresh, or --resume's (None with --load-model: no training)
         for iteration in run.iterations():  # none more after Ctrl-C or a non-finite iteration
             runner, metrics = run.update_step(runner)  # queued on the device, in the old memory
-            # Read one iteration late: the host logs the last iteration while the device runs this.
+            # On a GPU or TPU read one iteration late: the host logs the last while this one runs.
             run.log_iteration(iteration, metrics, iteration_scalars, first_non_finite)
             run.end_iteration(iteration, runner)  # what a checkpoint or --eval-every needs of it
         run.finish(runner)  # the last iteration read; the last checkpoint

@@ -5,14 +5,13 @@ first "_": --ppo.learning-rate, --pqn.q-lambda.
 
 The seeds are split across the devices (on a CPU, one per core). On a CPU each device trains its
 seeds one after another with `lax.map`, so a seed's result does not depend on which other seeds run,
-on how many, or on the number of devices. On a GPU or TPU, where one seed leaves most of the chip
-idle, each device trains its seeds side by side in one `vmap`ped program (--vmap-seeds: how many
-at once); a seed's result then depends on that count too, as a batched program may round
-differently, but not on which other seeds run beside it. Training runs in --num-chunks jitted
-chunks of iterations, the runner state donated from one to the next; after each chunk the progress
-is printed (stderr) and a curve point recorded. Each seed's final policy is then evaluated on
-complete episodes under both protocols, with the policy the script reports (its HEADLINE_POLICY):
-PPO's sampled actions, PQN's greedy ones.
+on how many, or on the number of devices. On a GPU or TPU each device trains its seeds side by side
+in one `vmap`ped program (--vmap-seeds: how many at once); a seed's result then depends on that
+count too, as a batched program may round differently, but not on which other seeds run beside it.
+Training runs in --num-chunks jitted chunks of iterations, the runner state donated from one to the
+next; after each chunk the progress is printed (stderr) and a curve point recorded. Each seed's
+final policy is then evaluated on complete episodes under both protocols, with the policy the script
+reports (its HEADLINE_POLICY): PPO's sampled actions, PQN's greedy ones.
 
 Output (stdout, and --out): JSON with the per-seed returns, their mean and interquartile mean (IQM)
 with 95% bootstrap intervals, the share of seeds past the first wall (return >= 30), the pooled

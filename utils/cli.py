@@ -182,7 +182,7 @@ def check_rollout(args, minibatches: str | None = None, epochs: str | None = Non
 def default_num_devices(num_devices: int, *sizes: int) -> int:
     """`num_devices`, or where it is 0: on a CPU, two wherever JAX has two and every one of `sizes`
     (what is split over the devices) splits in two (then a seed is one run on any CPU count), else
-    one; on a GPU or TPU one, which these scripts' work leaves mostly idle already."""
+    one; on a GPU or TPU, one chip."""
     import jax
 
     if num_devices:
