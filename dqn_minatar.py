@@ -168,12 +168,17 @@ class ObsCodec(NamedTuple):
 AS_IS = ObsCodec(encode=lambda obs: obs, decode=lambda stored: stored)
 
 
-def grid_codec(channels: int) -> ObsCodec:
-    """MinAtar's observations are grids of 0 and 1 in float32: packed 8 channels to a byte along
-    the last axis they are kept exactly in 1/16 of the memory or less (Seaquest's 10 channels: 2
-    bytes a cell, not 40), and unpacked as uint8 0/1."""
-    return ObsCodec(encode=lambda obs: jnp.packbits(obs.astype(bool), axis=-1),
-                    decode=lambda stored: jnp.unpackbits(stored, axis=-1, count=channels))
+def grid_codec(shape: tuple[int, ...]) -> ObsCodec:
+    """MinAtar's observations are grids of 0 and 1 in float32: each is kept as its bits packed
+    along one flat axis of bytes (Breakout's 10x10x4 grid: 50 bytes, 1/32 of float32's memory),
+    unpacked to uint8 0/1 grids. One wide trailing axis, since a TPU tiles an array's last two
+    axes: stored as (10, 10, 1) bytes, the buffer padded badly and XLA copied it every chunk."""
+    size = math.prod(shape)
+    return ObsCodec(
+        encode=lambda obs: jnp.packbits(obs.reshape(*obs.shape[:-len(shape)], size).astype(bool),
+                                        axis=-1),
+        decode=lambda stored: jnp.unpackbits(stored, axis=-1, count=size).reshape(
+            *stored.shape[:-1], *shape))
 
 
 class RunnerState(NamedTuple):
@@ -293,16 +298,30 @@ def n_step_batch(window: Transition, gamma: float) -> Batch:
                  next_obs=window.next_obs[last])
 
 
+def double_q_td_error(q_tm1: jax.Array, a_tm1: jax.Array, r_t: jax.Array, discount_t: jax.Array,
+                      q_t_value: jax.Array, q_t_selector: jax.Array) -> jax.Array:
+    """One transition's Double DQN TD error, `rlax.double_q_learning` written out: the online
+    network's Q-values (q_t_selector) choose the next action, the target network's (q_t_value)
+    value it, and no gradient flows through the target.
+    The Q-values are picked by products with one-hot vectors, not by indexing: on a TPU the
+    gradient of an indexed pick is a scatter, which made the gradient step 6x slower. The products
+    add exact zeros, so the numbers are the same (tests/test_dqn_minatar.py holds it to rlax's)."""
+    num_actions = q_tm1.shape[-1]
+    best_t = jax.nn.one_hot(jnp.argmax(q_t_selector), num_actions)
+    target_tm1 = r_t + discount_t * jnp.sum(q_t_value * best_t)
+    q_taken = jnp.sum(q_tm1 * jax.nn.one_hot(a_tm1, num_actions))
+    return jax.lax.stop_gradient(target_tm1) - q_taken
+
+
 def td_loss(params: hk.Params, target_params: hk.Params, network: hk.Transformed, mb: Batch,
             loss: str) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The mean loss of the Double DQN TD errors: the online network picks the best next action,
-    the target network values it (rlax stops the target's gradient); and the mean Q-value of the
-    actions taken, for the metrics."""
+    """The mean loss of the Double DQN TD errors, and the mean Q-value of the actions taken, for
+    the metrics."""
     q_tm1 = network.apply(params, mb.obs)
     q_t_selector = network.apply(params, mb.next_obs)
     q_t_value = network.apply(target_params, mb.next_obs)
-    td_error = jax.vmap(rlax.double_q_learning)(q_tm1, mb.action, mb.reward, mb.discount,
-                                                q_t_value, q_t_selector)
+    td_error = jax.vmap(double_q_td_error)(q_tm1, mb.action, mb.reward, mb.discount, q_t_value,
+                                           q_t_selector)
     losses = rlax.huber_loss(td_error, 1.0) if loss == "huber" else rlax.l2_loss(td_error)
     q_taken = jnp.take_along_axis(q_tm1, mb.action[:, None], axis=-1)[:, 0]
     return losses.mean(), {"td_loss": losses.mean(), "q_values": q_taken.mean()}
@@ -316,13 +335,18 @@ def make_optimizer(args: Args) -> optax.GradientTransformation:
     return optax.adam(learning_rate, eps=args.adam_eps)
 
 
-def gradient_step(train_state: TrainState, key: jax.Array, buffer_state, buffer,
-                  network: hk.Transformed, optimizer: optax.GradientTransformation, gamma: float,
-                  loss: str, codec: ObsCodec) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One gradient step on a batch of windows sampled uniformly from the buffer."""
+def sample_batch(buffer_state, key: jax.Array, buffer, gamma: float, codec: ObsCodec) -> Batch:
+    """A batch of n-step samples from windows drawn uniformly from the buffer, observations
+    unpacked for the network."""
     windows = buffer.sample(buffer_state, key).experience  # Transitions, (batch_size, n, ...)
     mb = jax.vmap(n_step_batch, in_axes=(0, None))(windows, gamma)
-    mb = mb._replace(obs=codec.decode(mb.obs), next_obs=codec.decode(mb.next_obs))
+    return mb._replace(obs=codec.decode(mb.obs), next_obs=codec.decode(mb.next_obs))
+
+
+def gradient_step(train_state: TrainState, mb: Batch, network: hk.Transformed,
+                  optimizer: optax.GradientTransformation, loss: str
+                  ) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One gradient step of the online network on a batch; Adam's."""
     grads, info = jax.grad(td_loss, has_aux=True)(train_state.params, train_state.target_params,
                                                   network, mb, loss)
     updates, opt_state = optimizer.update(grads, train_state.opt_state, train_state.params)
@@ -360,8 +384,8 @@ def make_dqn_iteration(args: Args, env, env_params, network: hk.Transformed,
     the chunks' Chunk."""
     num_chunks, steps_per_chunk, updates_per_chunk = interleaving(args)
     epsilon_at = epsilon_schedule(args)
-    step = functools.partial(gradient_step, buffer=buffer, network=network, optimizer=optimizer,
-                             gamma=args.gamma, loss=args.loss, codec=codec)
+    sample = functools.partial(sample_batch, buffer=buffer, gamma=args.gamma, codec=codec)
+    step = functools.partial(gradient_step, network=network, optimizer=optimizer, loss=args.loss)
 
     def chunk(runner: RunnerState, _) -> tuple[RunnerState, Chunk]:
         steps_before = runner.env_steps
@@ -373,11 +397,15 @@ def make_dqn_iteration(args: Args, env, env_params, network: hk.Transformed,
         key, learn_key = jax.random.split(runner.key)
         learn_keys = jax.random.split(learn_key, updates_per_chunk)
 
-        def learn():
-            return jax.lax.scan(functools.partial(step, buffer_state=buffer_state),
-                                runner.train_state, learn_keys)
+        # The chunk's batches, all drawn at once from the buffer (one gather, not one per step).
+        # Drawn in the warm-up too, and not used: were the buffer an operand of the cond below,
+        # a TPU would copy it whole every chunk.
+        batches = jax.vmap(sample, in_axes=(None, 0))(buffer_state, learn_keys)
 
-        def wait():  # the warm-up: no sample is drawn before learning_starts
+        def learn():
+            return jax.lax.scan(step, runner.train_state, batches)
+
+        def wait():  # the warm-up: no gradient step before learning_starts
             no_infos = {"td_loss": jnp.zeros(updates_per_chunk),
                         "q_values": jnp.zeros(updates_per_chunk)}
             return runner.train_state, no_infos
@@ -560,7 +588,7 @@ def make_agent(args: Args, env, env_params) -> contract.Agent:
     # MinAtar's grids are kept packed to bits (tests/test_dqn_minatar.py checks that every game's
     # observations are 0 or 1); other games' as they are.
     obs_shape = env.observation_space(env_params).shape
-    codec = grid_codec(obs_shape[-1]) if args.env_id.endswith("-MinAtar") else AS_IS
+    codec = grid_codec(obs_shape) if args.env_id.endswith("-MinAtar") else AS_IS
 
     def act(params: hk.Params, obs: jax.Array, key: jax.Array, greedy: jax.Array) -> jax.Array:
         """argmax Q where greedy, else epsilon-greedy at eval_epsilon."""

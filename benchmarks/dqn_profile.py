@@ -6,7 +6,8 @@ accelerator).
 The parts, with the script's default settings (or --script-args) on a state past the warm-up:
 - `rollout`: the iteration's environment steps, epsilon-greedy on the online network;
 - `buffer_add`: writing each chunk's transitions into the replay buffer;
-- `sample`: drawing the gradient steps' batches of n-step windows and unpacking their observations;
+- `sample`: drawing the gradient steps' batches of n-step windows (a chunk's at once) and unpacking
+  their observations;
 - `gradient`: the gradient steps on a fixed batch (three forward passes, a backward one, Adam);
 - `target`: the target network's update check after each chunk.
 Each part's time is the median of --repeats runs, in milliseconds per iteration; `sum_over_whole`
@@ -27,7 +28,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import optax  # noqa: E402
 import tyro  # noqa: E402
 
 import dqn_minatar as dqn  # noqa: E402
@@ -69,7 +69,7 @@ def parts(args, env, env_params):
     network = dqn.make_network(env.action_space(env_params).n, args.hidden_sizes, args.layer_norm,
                                args.conv_channels, args.conv_style)
     optimizer, buffer = dqn.make_optimizer(args), dqn.make_buffer(args)
-    codec = dqn.grid_codec(env.observation_space(env_params).shape[-1])
+    codec = dqn.grid_codec(env.observation_space(env_params).shape)
     num_chunks, steps_per_chunk, updates_per_chunk = dqn.interleaving(args)
     num_updates = num_chunks * updates_per_chunk
     epsilon_at = dqn.epsilon_schedule(args)
@@ -93,25 +93,18 @@ def parts(args, env, env_params):
         return jax.lax.scan(chunk, runner.buffer_state, None, length=num_chunks)[0]
 
     def sample(runner):
-        def one(_, key):
-            windows = buffer.sample(runner.buffer_state, key).experience
-            mb = jax.vmap(dqn.n_step_batch, in_axes=(0, None))(windows, args.gamma)
-            return None, checksum(mb._replace(obs=codec.decode(mb.obs),
-                                              next_obs=codec.decode(mb.next_obs)))
-        return jax.lax.scan(one, None, jax.random.split(runner.key, num_updates))[1]
+        def chunk(_, key):  # a chunk's batches at once, as the update step draws them
+            keys = jax.random.split(key, updates_per_chunk)
+            batches = jax.vmap(dqn.sample_batch, in_axes=(None, 0, None, None, None))(
+                runner.buffer_state, keys, buffer, args.gamma, codec)
+            return None, checksum(batches)
+        return jax.lax.scan(chunk, None, jax.random.split(runner.key, num_chunks))[1]
 
     def gradient(runner):
-        windows = buffer.sample(runner.buffer_state, runner.key).experience
-        mb = jax.vmap(dqn.n_step_batch, in_axes=(0, None))(windows, args.gamma)
-        mb = mb._replace(obs=codec.decode(mb.obs), next_obs=codec.decode(mb.next_obs))
+        mb = dqn.sample_batch(runner.buffer_state, runner.key, buffer, args.gamma, codec)
 
         def one(train_state, _):
-            grads, _ = jax.grad(dqn.td_loss, has_aux=True)(
-                train_state.params, train_state.target_params, network, mb, args.loss)
-            updates, opt_state = optimizer.update(grads, train_state.opt_state,
-                                                  train_state.params)
-            return train_state._replace(params=optax.apply_updates(train_state.params, updates),
-                                        opt_state=opt_state), None
+            return dqn.gradient_step(train_state, mb, network, optimizer, args.loss)[0], None
         return jax.lax.scan(one, runner.train_state, None, length=num_updates)[0]
 
     def target(runner):
