@@ -170,7 +170,7 @@ AS_IS = ObsCodec(encode=lambda obs: obs, decode=lambda stored: stored)
 
 def grid_codec(shape: tuple[int, ...]) -> ObsCodec:
     """MinAtar's observations are grids of 0 and 1 in float32: each is kept as its bits packed
-    along one flat axis of bytes (Breakout's 10x10x4 grid: 50 bytes, 1/32 of float32's memory),
+    along one flat axis of bytes (Breakout's 10x10x4 grid: 50 bytes, about 1/32 of float32's),
     unpacked to uint8 0/1 grids. One wide trailing axis, since a TPU tiles an array's last two
     axes: stored as (10, 10, 1) bytes, the buffer padded badly and XLA copied it every chunk."""
     size = math.prod(shape)

@@ -12,6 +12,7 @@ Run:  python benchmarks/make_tables.py            # rewrite the tables and the f
       python benchmarks/make_tables.py --commands # the command behind every result file it uses
 """
 
+import collections
 import dataclasses
 import functools
 import glob
@@ -473,14 +474,26 @@ def models_table(table: dict) -> str:
 def rows_table(table: dict) -> str:
     """A benchmark's own rows (its report's `rows`): each table row is the report's row whose
     fields equal the table row's `match`, its cells formatted from that row's fields and the table
-    row's own; the preamble from the report's fields."""
+    row's own (a field neither has: "–"); the preamble from the report's fields. A table row may
+    name its own `file`, and the `list` of that report to look in ("": the report itself is the
+    one row)."""
     report = load(table["file"])
     lines = [table["preamble"].format(**report), "", table["head"], table["rule"]]
     for row in table["rows"]:
-        (found,) = [r for r in report["rows"]
-                    if all(r[k] == v for k, v in row["match"].items())]
-        lines.append("| " + " | ".join(c.format(**found, **row) for c in table["cells"]) + " |")
+        source = load(row["file"]) if "file" in row else report
+        listed = row.get("list", "rows")
+        (found,) = [r for r in (source[listed] if listed else [source])
+                    if all(r[k] == v for k, v in row.get("match", {}).items())]
+        fields = collections.defaultdict(Dash, {**found, **row})
+        lines.append("| " + " | ".join(c.format_map(fields) for c in table["cells"]) + " |")
     return "\n".join(lines)
+
+
+class Dash:
+    """What a rows table shows where its row lacks a field (a refused setting's SPS)."""
+
+    def __format__(self, spec: str) -> str:
+        return "–"
 
 
 RENDERERS = {"results": results_table, "games": games_table, "speed": speed_table,

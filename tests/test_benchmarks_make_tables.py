@@ -245,3 +245,21 @@ def test_a_speed_row_may_read_its_own_file_and_show_its_command(monkeypatch):
     assert make_tables.speed_table(table).splitlines()[4:] == [
         "| A | `python a.py` | 620 (600-640) |",
         "| B | `python b.py --load-model m` | 510 (500-520) |"]
+
+
+def test_a_rows_tables_row_may_read_its_own_file_and_list(monkeypatch):
+    # A profile's rows beside a summary (the report itself one row) and a harness's listed rows.
+    files = {"profile.json": {"machine": "M", "rows": [{"seeds": 1, "sps": 10.0},
+                                                       {"seeds": 8, "sps": 40.0}]},
+             "summary.json": {"sps": 25.0},
+             "harness.json": {"harness": [{"seeds": 8, "sps": 90.0}]}}
+    monkeypatch.setattr(make_tables, "load", lambda path: files[path])
+    table = {"id": "t", "kind": "rows", "file": "profile.json", "preamble": "On {machine}.",
+             "head": "| what | SPS |", "rule": "|---|---:|", "cells": ["{label}", "{sps:,.0f}"],
+             "rows": [{"match": {"seeds": 8}, "label": "before, 8"},
+                      {"file": "summary.json", "list": "", "label": "the script"},
+                      {"file": "harness.json", "list": "harness", "match": {"seeds": 8},
+                       "label": "the harness, 8"}]}
+    assert make_tables.rows_table(table).splitlines()[2:] == [
+        "| what | SPS |", "|---|---:|", "| before, 8 | 40 |", "| the script | 25 |",
+        "| the harness, 8 | 90 |"]

@@ -5,6 +5,7 @@ hands over, the state through a checkpoint, and the argument checks."""
 
 import functools
 import os
+import re
 
 import haiku as hk
 import jax
@@ -183,10 +184,10 @@ def test_minatar_observations_are_0_or_1_so_the_buffer_keeps_them_exactly_as_bit
         obs = np.asarray(random_play(jax.random.key(0)))
         assert set(np.unique(obs)) <= {0.0, 1.0}, game
         assert obs.any(), game
-        channels = obs.shape[-1]
-        codec = dqn.grid_codec(channels)
+        codec = dqn.grid_codec(obs.shape[-3:])
         stored = np.asarray(codec.encode(obs))
-        assert stored.dtype == np.uint8 and stored.shape[-1] == -(-channels // 8), game
+        # One flat axis of bytes, each holding 8 of the grid's cells and channels.
+        assert stored.dtype == np.uint8 and stored.shape == (*obs.shape[:-3], -(-obs[0, 0].size // 8))
         np.testing.assert_array_equal(codec.decode(stored), obs, err_msg=game)
 
 
@@ -328,6 +329,31 @@ def test_td_loss_is_the_loss_of_the_double_dqn_td_errors_and_trains_only_q_of_th
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+def test_double_q_td_error_is_rlaxs_to_the_bit_and_its_gradient_no_scatter():
+    # rlax.double_q_learning's TD errors and their gradients, to the bit: the one-hot picks only
+    # add exact zeros.
+    network, params, target_params, mb = double_dqn_case()
+    q_tm1 = network.apply(params, mb.obs)
+    q_t_selector = network.apply(params, mb.next_obs)
+    q_t_value = network.apply(target_params, mb.next_obs)
+
+    def smooth_sum_of(td_error):  # a function of the errors whose gradient tells each apart
+        return lambda q_tm1, q_t_value: jnp.sum(jnp.sin(jax.vmap(td_error)(
+            q_tm1, mb.action, mb.reward, mb.discount, q_t_value, q_t_selector)))
+
+    ours, rlaxs = smooth_sum_of(dqn.double_q_td_error), smooth_sum_of(rlax.double_q_learning)
+    np.testing.assert_array_equal(ours(q_tm1, q_t_value), rlaxs(q_tm1, q_t_value))
+    for a, b in zip(jax.grad(ours, (0, 1))(q_tm1, q_t_value),
+                    jax.grad(rlaxs, (0, 1))(q_tm1, q_t_value)):
+        np.testing.assert_array_equal(a, b)  # q_t_value's: 0, the target's gradient stopped
+    # The gradient step holds no scatter (an indexed pick's gradient, slow on a TPU).
+    optimizer = optax.adam(1e-3)
+    step = functools.partial(dqn.gradient_step, network=network, optimizer=optimizer,
+                             loss="huber")
+    train_state = dqn.TrainState(params, target_params, optimizer.init(params))
+    assert "scatter" not in jax.jit(step).lower(train_state, mb).as_text()
+
+
 # ------------------------------------------------------------------------------------------------
 # The target network
 # ------------------------------------------------------------------------------------------------
@@ -423,17 +449,21 @@ def test_the_update_learns_known_q_values_on_a_probe():
 # ------------------------------------------------------------------------------------------------
 # What make_agent hands over, and the argument checks
 # ------------------------------------------------------------------------------------------------
-def test_make_agent_trains_on_breakout_and_reports_the_contracts_metrics():
+def tiny_breakout_agent() -> tuple[dqn.Args, contract.Agent]:
     args = dqn.fill_runtime_fields(dqn.Args(
         num_envs=4, num_steps=8, buffer_size=256, batch_size=8, learning_starts=32,
         target_update_period=64, hidden_sizes=(16,), conv_channels=4, total_timesteps=32 * 4))
-    assert dqn.check_args(args) is None and args.gradient_steps_per_iteration == 8
     env, env_params = make_env(args.env_id, args.sticky_action_prob)
-    agent = dqn.make_agent(args, env, env_params)
+    return args, dqn.make_agent(args, env, env_params)
+
+
+def test_make_agent_trains_on_breakout_and_reports_the_contracts_metrics():
+    args, agent = tiny_breakout_agent()
+    assert dqn.check_args(args) is None and args.gradient_steps_per_iteration == 8
     assert isinstance(agent, contract.Agent) and agent.parallel_update_step is None
     state = jax.jit(agent.init)(jax.random.key(1))
-    # Breakout's 4 channels packed to a byte a cell.
-    assert state.buffer_state.experience.obs.shape[-3:] == (10, 10, 1)
+    # Breakout's 10x10x4 grid packed to 50 bytes, along one axis.
+    assert state.buffer_state.experience.obs.shape == (4, 64, 50)
     assert state.buffer_state.experience.obs.dtype == jnp.uint8
     step = jax.jit(agent.update_step)
     for _ in range(args.num_iterations):
@@ -453,6 +483,58 @@ def test_make_agent_trains_on_breakout_and_reports_the_contracts_metrics():
     np.testing.assert_array_equal(greedy, agent.network.apply(params, obs).argmax(-1))
     sampled = act(params, obs, jax.random.key(2), False)
     assert 0 < float((sampled != greedy).mean()) < 0.1  # 0.05 x 2/3 of the time
+
+
+def test_seeds_side_by_side_train_as_each_seed_alone():
+    # The harness's way on an accelerator: the update step vmapped over seeds' states, where the
+    # learning cond becomes a select. Through the warm-up (32 steps) and past it, each seed's
+    # buffer is the one it fills alone, and its network the same to float32's rounding.
+    _, agent = tiny_breakout_agent()
+    keys = jax.random.split(jax.random.key(0), 2)
+    alone = [jax.jit(agent.init)(key) for key in keys]
+    together = jax.jit(jax.vmap(agent.init))(keys)
+    step, steps = jax.jit(agent.update_step), jax.jit(jax.vmap(agent.update_step))
+    for _ in range(3):
+        alone = [step(state)[0] for state in alone]
+        together, metrics = steps(together)
+    assert metrics["gradient_steps"].tolist() == [8, 8]
+    for i, state in enumerate(alone):
+        seed_i = jax.tree.map(lambda x: x[i], together)  # noqa: B023
+        for a, b in zip(jax.tree.leaves(state.buffer_state), jax.tree.leaves(seed_i.buffer_state)):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(jax.tree.leaves(state.train_state), jax.tree.leaves(seed_i.train_state)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    assert not np.array_equal(together.obs[0], together.obs[1])  # the seeds do differ
+
+
+def compiled_branches(hlo: str) -> list[str]:
+    """The signatures of the computations that the program's conditionals branch into."""
+    names = re.findall(r"(?:true_computation|false_computation)=%?([\w.-]+)", hlo)
+    for group in re.findall(r"branch_computations=\{([^}]*)\}", hlo):
+        names += [name.strip().lstrip("%") for name in group.split(",")]
+    return [line for line in hlo.splitlines()
+            if any(line.lstrip().startswith((f"%{name} (", f"{name} (")) for name in names)]
+
+
+def test_the_compiled_update_step_neither_copies_the_buffer_nor_branches_with_it():
+    # On a TPU the buffer handed to a conditional's branch was copied whole every chunk. No branch
+    # of the compiled step takes a field of the buffer, and it copies no observations (the CPU's
+    # compiler, the same program; it does copy one field of 4 x 64 flags, where it fuses the
+    # chunk's write to the buffer with the read of its batches).
+    args, agent = tiny_breakout_agent()
+    state = jax.eval_shape(agent.init, jax.random.key(0))
+    hlo = jax.jit(agent.update_step, donate_argnums=0).lower(state).compile().as_text()
+    names = {"uint8": "u8", "float32": "f32", "int32": "s32", "bool": "pred"}
+    experience = state.buffer_state.experience
+    fields = {f"{names[str(x.dtype)]}[{','.join(map(str, x.shape))}]"
+              for x in jax.tree.leaves(experience)}
+    observations = f"u8[{','.join(map(str, experience.obs.shape))}]"
+    assert observations == "u8[4,64,50]" and observations in fields
+    branches = compiled_branches(hlo)
+    assert len(branches) >= 2  # the learning cond's, and the target network's
+    for field in fields:
+        assert not any(field in line for line in branches), field
+    assert not re.search(rf"= {re.escape(observations)}\S* copy\(", hlo)
 
 
 def test_the_training_state_survives_a_checkpoint_bit_for_bit(tmp_path):
