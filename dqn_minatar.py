@@ -171,8 +171,8 @@ AS_IS = ObsCodec(encode=lambda obs: obs, decode=lambda stored: stored)
 def grid_codec(shape: tuple[int, ...]) -> ObsCodec:
     """MinAtar's observations are grids of 0 and 1 in float32: each is kept as its bits packed
     along one flat axis of bytes (Breakout's 10x10x4 grid: 50 bytes, about 1/32 of float32's),
-    unpacked to uint8 0/1 grids. One wide trailing axis, since a TPU tiles an array's last two
-    axes: stored as (10, 10, 1) bytes, the buffer padded badly and XLA copied it every chunk."""
+    unpacked to uint8 0/1 grids. One wide trailing axis, since a TPU tiles an array by its last
+    two axes, and (10, 10, 1) bytes are padded many times over."""
     size = math.prod(shape)
     return ObsCodec(
         encode=lambda obs: jnp.packbits(obs.reshape(*obs.shape[:-len(shape)], size).astype(bool),
@@ -303,9 +303,9 @@ def double_q_td_error(q_tm1: jax.Array, a_tm1: jax.Array, r_t: jax.Array, discou
     """One transition's Double DQN TD error, `rlax.double_q_learning` written out: the online
     network's Q-values (q_t_selector) choose the next action, the target network's (q_t_value)
     value it, and no gradient flows through the target.
-    The Q-values are picked by products with one-hot vectors, not by indexing: on a TPU the
-    gradient of an indexed pick is a scatter, which made the gradient step 6x slower. The products
-    add exact zeros, so the numbers are the same (tests/test_dqn_minatar.py holds it to rlax's)."""
+    The Q-values are picked by products with one-hot vectors, not by indexing: the gradient of an
+    indexed pick is a scatter, which a TPU runs slowly. The products add exact zeros, so the
+    numbers are the same (tests/test_dqn_minatar.py holds them to rlax's)."""
     num_actions = q_tm1.shape[-1]
     best_t = jax.nn.one_hot(jnp.argmax(q_t_selector), num_actions)
     target_tm1 = r_t + discount_t * jnp.sum(q_t_value * best_t)

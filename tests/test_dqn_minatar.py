@@ -187,7 +187,8 @@ def test_minatar_observations_are_0_or_1_so_the_buffer_keeps_them_exactly_as_bit
         codec = dqn.grid_codec(obs.shape[-3:])
         stored = np.asarray(codec.encode(obs))
         # One flat axis of bytes, each holding 8 of the grid's cells and channels.
-        assert stored.dtype == np.uint8 and stored.shape == (*obs.shape[:-3], -(-obs[0, 0].size // 8))
+        num_bytes = -(-obs[0, 0].size // 8)
+        assert stored.dtype == np.uint8 and stored.shape == (*obs.shape[:-3], num_bytes), game
         np.testing.assert_array_equal(codec.decode(stored), obs, err_msg=game)
 
 
