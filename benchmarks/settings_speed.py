@@ -44,8 +44,9 @@ def measure(script, flags: list[str]) -> dict:
     try:
         with contextlib.redirect_stderr(stderr):
             args = training.parse_args(script, flags)
-    except SystemExit:
-        return {"outcome": "refused", "error": stderr.getvalue().strip().splitlines()[-1]}
+    except SystemExit as e:
+        said = stderr.getvalue().strip().splitlines()
+        return {"outcome": "refused", "error": said[-1] if said else f"exit status {e.code}"}
     try:
         return {"outcome": "ran", **loop_speed.bare_step(script, args)}
     except Exception as e:  # noqa: BLE001 (XLA's errors have no common class): recorded, not raised
