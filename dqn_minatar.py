@@ -268,7 +268,8 @@ def make_buffer(args: Args):
     buffer_size // num_envs), sampled as windows of n_step consecutive steps of one row, started
     uniformly among those that lie wholly between the oldest step kept and the write head
     (flashbax >= 0.1.3, PR #50). The windows thus never mix environments nor cross the
-    wrap-around; episode ends inside a window are n_step_batch's to cut."""
+    wrap-around; episode ends inside a window are n_step_return's to cut. window_indices
+    draws them as its `sample` does."""
     return fbx.make_trajectory_buffer(
         add_batch_size=args.num_envs, sample_batch_size=args.batch_size,
         sample_sequence_length=args.n_step, period=1, min_length_time_axis=args.n_step,
@@ -278,24 +279,23 @@ def make_buffer(args: Args):
 # --------------------------------------------------------------------------------------------------
 # n-step Double DQN targets, loss, update
 # --------------------------------------------------------------------------------------------------
-def n_step_batch(window: Transition, gamma: float) -> Batch:
-    """One window of n consecutive steps, (n, ...), as one n-step sample: the return of its first
-    k steps, k being n or fewer where an episode ends inside (the window is cut after the first
-    terminated or truncated step), discounted gamma^j, and the bootstrap from o_{t+k} with
-    gamma^k, or none where the episode terminated. Dopamine's `cumulative_gamma`, done per window.
-    """
+def n_step_return(reward: jax.Array, terminated: jax.Array, truncated: jax.Array, gamma: float
+                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """One window of n consecutive steps' rewards and episode ends, (n,), as one n-step sample: the
+    return of its first k steps, k being n or fewer where an episode ends inside (the window is cut
+    after the first terminated or truncated step), discounted gamma^j; the bootstrap's discount,
+    gamma^k, or 0 where the episode terminated; and k - 1, the step whose next_obs the target
+    bootstraps from. Dopamine's `cumulative_gamma`, done per window."""
     # Written out: rlax's n-step returns run over a whole sequence and mark no truncation.
-    n = window.reward.shape[0]
-    done = window.terminated | window.truncated
+    n = reward.shape[0]
+    done = terminated | truncated
     # in_episode[j]: no episode ended before step j, so step j is in the episode of step 0.
     ended_before = jnp.concatenate([jnp.zeros(1, bool), done[:-1]])
     in_episode = jnp.cumprod(~ended_before)
-    k = in_episode.sum()
-    last = k - 1
-    rewards = jnp.sum(in_episode * gamma ** jnp.arange(n) * window.reward)
-    discount = jnp.where(window.terminated[last], 0.0, gamma ** k)
-    return Batch(obs=window.obs[0], action=window.action[0], reward=rewards, discount=discount,
-                 next_obs=window.next_obs[last])
+    last = in_episode.sum() - 1
+    rewards = jnp.sum(in_episode * gamma ** jnp.arange(n) * reward)
+    discount = jnp.where(terminated[last], 0.0, gamma ** (last + 1))
+    return rewards, discount, last
 
 
 def double_q_td_error(q_tm1: jax.Array, a_tm1: jax.Array, r_t: jax.Array, discount_t: jax.Array,
@@ -335,12 +335,39 @@ def make_optimizer(args: Args) -> optax.GradientTransformation:
     return optax.adam(learning_rate, eps=args.adam_eps)
 
 
-def sample_batch(buffer_state, key: jax.Array, buffer, gamma: float, codec: ObsCodec) -> Batch:
+def window_indices(buffer_state, key: jax.Array, batch_size: int, n: int
+                   ) -> tuple[jax.Array, jax.Array]:
+    """Where `batch_size` windows of n consecutive steps lie in the buffer, drawn as flashbax's
+    trajectory buffer draws them (its `sample`, with period 1): a start uniformly among those whose
+    window lies wholly between the oldest step kept and the write head, and a row uniformly. The
+    row of each window, (batch_size,), and its steps' slots in the row, (batch_size, n)."""
+    num_rows, row_length = buffer_state.experience.reward.shape
+    filled = jnp.where(buffer_state.is_full, row_length, buffer_state.current_index)
+    oldest = jnp.where(buffer_state.is_full, buffer_state.current_index, 0)
+    num_starts = jnp.maximum(filled - n + 1, 0)
+    key, start_key = jax.random.split(key)
+    _, row_key = jax.random.split(key)
+    start = (oldest + jax.random.randint(start_key, (batch_size,), 0, num_starts)) % row_length
+    rows = jax.random.randint(row_key, (batch_size,), 0, num_rows)
+    return rows, (start[:, None] + jnp.arange(n)) % row_length
+
+
+def sample_batch(buffer_state, key: jax.Array, batch_size: int, n: int, gamma: float,
+                 codec: ObsCodec) -> Batch:
     """A batch of n-step samples from windows drawn uniformly from the buffer, observations
-    unpacked for the network."""
-    windows = buffer.sample(buffer_state, key).experience  # Transitions, (batch_size, n, ...)
-    mb = jax.vmap(n_step_batch, in_axes=(0, None))(windows, gamma)
-    return mb._replace(obs=codec.decode(mb.obs), next_obs=codec.decode(mb.next_obs))
+    unpacked for the network. The windows are flashbax's (buffer.sample's, key for key; the tests
+    hold the two equal), but only what the target reads is gathered: each window's rewards and
+    episode ends, and its observations where its return starts and stops. flashbax gathers every
+    field at every step of the window, 3n observations for 2, and a TPU gathers slowly."""
+    rows, slots = window_indices(buffer_state, key, batch_size, n)
+    stored = buffer_state.experience
+    reward, discount, last = jax.vmap(n_step_return, in_axes=(0, 0, 0, None))(
+        *(x[rows[:, None], slots] for x in (stored.reward, stored.terminated, stored.truncated)),
+        gamma)
+    first, stop = slots[:, 0], jnp.take_along_axis(slots, last[:, None], axis=1)[:, 0]
+    return Batch(obs=codec.decode(stored.obs[rows, first]), action=stored.action[rows, first],
+                 reward=reward, discount=discount,
+                 next_obs=codec.decode(stored.next_obs[rows, stop]))
 
 
 def gradient_step(train_state: TrainState, mb: Batch, network: hk.Transformed,
@@ -384,7 +411,8 @@ def make_dqn_iteration(args: Args, env, env_params, network: hk.Transformed,
     the chunks' Chunk."""
     num_chunks, steps_per_chunk, updates_per_chunk = interleaving(args)
     epsilon_at = epsilon_schedule(args)
-    sample = functools.partial(sample_batch, buffer=buffer, gamma=args.gamma, codec=codec)
+    sample = functools.partial(sample_batch, batch_size=args.batch_size, n=args.n_step,
+                               gamma=args.gamma, codec=codec)
     step = functools.partial(gradient_step, network=network, optimizer=optimizer, loss=args.loss)
 
     def chunk(runner: RunnerState, _) -> tuple[RunnerState, Chunk]:

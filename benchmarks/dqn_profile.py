@@ -73,6 +73,8 @@ def parts(args, env, env_params):
     num_chunks, steps_per_chunk, updates_per_chunk = dqn.interleaving(args)
     num_updates = num_chunks * updates_per_chunk
     epsilon_at = dqn.epsilon_schedule(args)
+    sample_batch = functools.partial(dqn.sample_batch, batch_size=args.batch_size, n=args.n_step,
+                                     gamma=args.gamma, codec=codec)
     update_step = dqn.make_update_step(args, env, env_params, network, optimizer, buffer, codec)
     init = functools.partial(dqn.init_runner, env=env, env_params=env_params, network=network,
                              optimizer=optimizer, buffer=buffer, num_envs=args.num_envs,
@@ -95,13 +97,12 @@ def parts(args, env, env_params):
     def sample(runner):
         def chunk(_, key):  # a chunk's batches at once, as the update step draws them
             keys = jax.random.split(key, updates_per_chunk)
-            batches = jax.vmap(dqn.sample_batch, in_axes=(None, 0, None, None, None))(
-                runner.buffer_state, keys, buffer, args.gamma, codec)
+            batches = jax.vmap(sample_batch, in_axes=(None, 0))(runner.buffer_state, keys)
             return None, checksum(batches)
         return jax.lax.scan(chunk, None, jax.random.split(runner.key, num_chunks))[1]
 
     def gradient(runner):
-        mb = dqn.sample_batch(runner.buffer_state, runner.key, buffer, args.gamma, codec)
+        mb = sample_batch(runner.buffer_state, runner.key)
 
         def one(train_state, _):
             return dqn.gradient_step(train_state, mb, network, optimizer, args.loss)[0], None

@@ -211,8 +211,9 @@ def test_sampling_returns_only_written_windows_of_one_environment_in_time_order(
     state = buffer.init(jax.tree.map(lambda x: x[0, 0], marked_steps(1, 1)))
     for first in range(0, added, 4):
         state = buffer.add(state, marked_steps(3, min(4, added - first), first))
-    windows = buffer.sample(state, jax.random.key(added)).experience
-    marks = np.asarray(windows.reward, np.int64)
+    rows, slots = dqn.window_indices(state, jax.random.key(added), args.batch_size, args.n_step)
+    marks = np.asarray(state.experience.reward, np.int64)[np.asarray(rows)[:, None],
+                                                          np.asarray(slots)]
     assert np.all(marks > 0)  # never a slot that was never written
     env, time = marks // 1000, marks % 1000 - 1
     assert np.all(env == env[:, :1])  # one environment's row
@@ -220,6 +221,49 @@ def test_sampling_returns_only_written_windows_of_one_environment_in_time_order(
     assert time.min() >= max(0, added - 10) and time.max() <= added - 1  # among those kept
     # ... and every window that is whole in the buffer can come up.
     assert len(set(map(tuple, marks[:, 0:1].tolist()))) == 3 * (min(added, 10) - 2)
+
+
+def random_history(num_envs: int, num_steps: int, seed: int = 0) -> dqn.Transition:
+    """Random rewards, actions, terminations and truncations (some steps both); obs marks its step
+    (env * num_steps + time) and next_obs the same plus 0.5, so that a sample shows where each of
+    its observations came from."""
+    rng = np.random.default_rng(seed)
+    step_id = np.arange(num_envs * num_steps, dtype=np.float32).reshape(num_envs, num_steps)
+    return dqn.Transition(
+        obs=jnp.asarray(step_id)[..., None],
+        action=jnp.asarray(rng.integers(0, 6, (num_envs, num_steps)), jnp.int32),
+        reward=jnp.asarray(rng.uniform(-1, 1, (num_envs, num_steps)), jnp.float32),
+        terminated=jnp.asarray(rng.random((num_envs, num_steps)) < 0.12),
+        truncated=jnp.asarray(rng.random((num_envs, num_steps)) < 0.12),
+        next_obs=jnp.asarray(step_id + 0.5)[..., None])
+
+
+def filled_buffer(history: dqn.Transition, args: dqn.Args, chunk: int = 5):
+    buffer = dqn.make_buffer(args)
+    state = buffer.init(jax.tree.map(lambda x: x[0, 0], history))
+    for first in range(0, history.reward.shape[1], chunk):
+        state = buffer.add(state, jax.tree.map(lambda x: x[:, first:first + chunk], history))
+    return buffer, state
+
+
+@pytest.mark.parametrize("num_steps", [3, 9, 60])  # barely sampleable, part-filled, wrapped
+def test_the_batches_are_flashbaxs_windows_key_for_key(num_steps):
+    # sample_batch gathers only what the target reads; flashbax's sample gathers whole windows.
+    # The same key must give the same windows, and so the same batch, bit for bit.
+    args = dqn.Args(num_envs=3, buffer_size=48, batch_size=256, n_step=3)
+    buffer, state = filled_buffer(random_history(3, num_steps, seed=num_steps), args)
+    for seed in range(3):
+        key = jax.random.key(seed)
+        windows = buffer.sample(state, key).experience
+        reward, discount, last = jax.vmap(dqn.n_step_return, in_axes=(0, 0, 0, None))(
+            windows.reward, windows.terminated, windows.truncated, 0.9)
+        expected = dqn.Batch(obs=windows.obs[:, 0], action=windows.action[:, 0], reward=reward,
+                             discount=discount,
+                             next_obs=windows.next_obs[jnp.arange(args.batch_size), last])
+        batch = dqn.sample_batch(state, key, args.batch_size, args.n_step, 0.9, dqn.AS_IS)
+        for field, want, got in zip(dqn.Batch._fields, expected, batch):
+            np.testing.assert_array_equal(got, want, err_msg=field)
+        assert len(set(np.asarray(batch.obs[:, 0]).tolist())) > min(num_steps - 2, 10)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -244,24 +288,12 @@ def test_n_step_windows_match_a_plain_python_loop_across_episode_ends_and_the_wr
     # 2 environments x 60 steps, random rewards, terminations and truncations (some steps both),
     # into rows of 16 steps: the buffer wraps around three times. next_obs marks its step.
     num_envs, num_steps, n, gamma = 2, 60, 4, 0.9
-    rng = np.random.default_rng(0)
-    reward = rng.uniform(-1, 1, (num_envs, num_steps)).astype(np.float32)
-    terminated = rng.random((num_envs, num_steps)) < 0.12
-    truncated = rng.random((num_envs, num_steps)) < 0.12
-    step_id = np.arange(num_envs * num_steps, dtype=np.float32).reshape(num_envs, num_steps)
-    history = dqn.Transition(obs=jnp.asarray(step_id)[..., None],
-                             action=jnp.zeros((num_envs, num_steps), jnp.int32),
-                             reward=jnp.asarray(reward), terminated=jnp.asarray(terminated),
-                             truncated=jnp.asarray(truncated),
-                             next_obs=jnp.asarray(step_id + 0.5)[..., None])
+    history = random_history(num_envs, num_steps)
+    reward, terminated, truncated = (np.asarray(x) for x in history[2:5])
     args = dqn.Args(num_envs=num_envs, buffer_size=32, batch_size=512, n_step=n)
-    buffer = dqn.make_buffer(args)
-    state = buffer.init(jax.tree.map(lambda x: x[0, 0], history))
-    for first in range(0, num_steps, 5):
-        state = buffer.add(state, jax.tree.map(lambda x: x[:, first:first + 5], history))
-    windows = buffer.sample(state, jax.random.key(1)).experience
-    batch = jax.jit(jax.vmap(dqn.n_step_batch, in_axes=(0, None)), static_argnums=1)(windows,
-                                                                                      gamma)
+    _, state = filled_buffer(history, args)
+    batch = jax.jit(dqn.sample_batch, static_argnums=(2, 3, 4, 5))(
+        state, jax.random.key(1), args.batch_size, n, gamma, dqn.AS_IS)
     starts = np.asarray(batch.obs[:, 0]).astype(int)
     expected = [reference_n_step(reward[s // num_steps], terminated[s // num_steps],
                                  truncated[s // num_steps], s % num_steps, n, gamma)
