@@ -1,0 +1,222 @@
+"""What one DQN gradient step and one batch draw cost on the device JAX has, as dqn_minatar.py does
+them and in variants that compute the same thing another way, for N seeds side by side (vmap, as
+the harness trains them on an accelerator). A variant that is faster here is a candidate for the
+script; one that changes the numbers needs many-seed scores before it can go in.
+
+Gradient step variants (a fixed batch, one iteration's gradient steps in one `lax.scan`):
+- `script`: dqn_minatar.gradient_step as it is;
+- `xla_conv`: the convolution as hk.Conv2D -> ReLU -> hk.avg_pool (XLA's convolution) instead of
+  utils/layers.py's matrix products (the same function);
+- `one_online_pass`: the online network applied once to the observations and next observations
+  together, instead of twice (the same function);
+- `sgd`: plain SGD in place of Adam (not the same training: Adam's share of the step);
+- `precision_default`: float32 products at the device's default precision instead of the
+  scripts' `highest` (on a TPU: one bfloat16 pass; not the same numbers).
+Batch draw variants (a chunk's batches at once, an iteration's chunks in one `lax.scan`, from a
+full buffer of random transitions):
+- `script`: dqn_minatar.sample_batch (only what the target reads is gathered);
+- `flashbax`: flashbax's sample of whole windows, then the same n-step reduction.
+
+Each figure is the median of --repeats runs after one that compiles, in microseconds per gradient
+step (per batch drawn) of all N seeds together.
+
+Run:  python benchmarks/dqn_step_variants.py --seeds 1 8 --out variants.json
+"""
+
+import contextlib
+import dataclasses
+import functools
+import os
+import shlex
+import sys
+import time
+from unittest import mock
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import haiku as hk  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+import tyro  # noqa: E402
+from flashbax.buffers.trajectory_buffer import TrajectoryBufferState  # noqa: E402
+
+import dqn_minatar as dqn  # noqa: E402
+from benchmarks import common  # noqa: E402
+from benchmarks.dqn_profile import timed  # noqa: E402
+from utils import contract, training  # noqa: E402
+from utils.env import make_env  # noqa: E402
+
+GRADIENT_VARIANTS = ("script", "xla_conv", "one_online_pass", "sgd", "precision_default")
+SAMPLE_VARIANTS = ("script", "flashbax")
+
+
+@dataclasses.dataclass
+class Args:
+    script_args: str = ""
+    """dqn_minatar.py's flags, as one string (its defaults otherwise)"""
+    seeds: tuple[int, ...] = (1,)
+    """seed counts N to time, each N seeds side by side"""
+    gradient: tuple[str, ...] = GRADIENT_VARIANTS
+    """the gradient step variants to time"""
+    sample: tuple[str, ...] = SAMPLE_VARIANTS
+    """the batch draw variants to time"""
+    repeats: int = 3
+    """timed runs of each program (after one unrecorded run), their median reported"""
+    out: str = ""
+    """write the JSON here (it is printed either way)"""
+
+
+def xla_conv_relu_pool(obs: jax.Array, channels: int) -> jax.Array:
+    """utils.layers.conv_relu_pool's function, as Haiku's layers compute it."""
+    x = hk.Conv2D(channels, kernel_shape=3, padding="SAME", name="conv",
+                  w_init=hk.initializers.Orthogonal(np.sqrt(2)))(obs)
+    return hk.avg_pool(jax.nn.relu(x), window_shape=(1, 2, 2, 1), strides=(1, 2, 2, 1),
+                       padding="VALID")
+
+
+def td_loss_one_online_pass(params, target_params, network, mb, loss):
+    """dqn_minatar.td_loss with the online network applied once to o_t and o_{t+k} together."""
+    q_both = network.apply(params, jnp.concatenate([mb.obs, mb.next_obs]))
+    q_tm1, q_t_selector = jnp.split(q_both, 2)
+    q_t_value = network.apply(target_params, mb.next_obs)
+    td_error = jax.vmap(dqn.double_q_td_error)(q_tm1, mb.action, mb.reward, mb.discount,
+                                               q_t_value, q_t_selector)
+    losses = dqn.rlax.huber_loss(td_error, 1.0) if loss == "huber" else dqn.rlax.l2_loss(td_error)
+    return losses.mean(), {"td_loss": losses.mean(), "q_values": q_tm1.mean()}
+
+
+def gradient_variant(name: str):
+    """The variant's context (patches in force while its program is traced) and optimizer
+    factory."""
+    if name == "xla_conv":
+        return mock.patch.object(dqn.layers, "conv_relu_pool", xla_conv_relu_pool), None
+    if name == "one_online_pass":
+        return mock.patch.object(dqn, "td_loss", td_loss_one_online_pass), None
+    if name == "sgd":
+        return contextlib.nullcontext(), lambda args: optax.sgd(args.learning_rate)
+    if name == "precision_default":
+        return jax.default_matmul_precision("default"), None
+    return contextlib.nullcontext(), None
+
+
+def random_batch(key, args, obs_shape, num_actions) -> dqn.Batch:
+    keys = jax.random.split(key, 5)
+    grid = lambda k: jax.random.bernoulli(k, 0.2, (args.batch_size, *obs_shape)).astype(jnp.uint8)  # noqa: E731
+    return dqn.Batch(obs=grid(keys[0]), action=jax.random.randint(keys[1], (args.batch_size,), 0,
+                                                                   num_actions),
+                     reward=jax.random.normal(keys[2], (args.batch_size,)),
+                     discount=jnp.full((args.batch_size,), args.gamma ** args.n_step),
+                     next_obs=grid(keys[3]))
+
+
+def full_buffer(key, args, codec, obs_shape, num_actions) -> TrajectoryBufferState:
+    """A full buffer of random transitions, laid out as the script's."""
+    rows, length = args.num_envs, args.buffer_size // args.num_envs
+    keys = jax.random.split(key, 6)
+    grids = lambda k: codec.encode(jax.random.bernoulli(k, 0.2, (rows, length, *obs_shape)))  # noqa: E731
+    experience = dqn.Transition(
+        obs=grids(keys[0]), action=jax.random.randint(keys[1], (rows, length), 0, num_actions),
+        reward=jax.random.normal(keys[2], (rows, length)),
+        terminated=jax.random.bernoulli(keys[3], 0.01, (rows, length)),
+        truncated=jax.random.bernoulli(keys[4], 0.001, (rows, length)), next_obs=grids(keys[5]))
+    return TrajectoryBufferState(experience=experience, current_index=jnp.array(7, jnp.int32),
+                                 is_full=jnp.array(True))
+
+
+def flashbax_sample(buffer_state, key, buffer, args, codec) -> dqn.Batch:
+    """The batch as flashbax's whole windows give it: every field at every step of the window."""
+    windows = buffer.sample(buffer_state, key).experience
+    reward, discount, last = jax.vmap(dqn.n_step_return, in_axes=(0, 0, 0, None))(
+        windows.reward, windows.terminated, windows.truncated, args.gamma)
+    next_obs = windows.next_obs[jnp.arange(args.batch_size), last]
+    return dqn.Batch(obs=codec.decode(windows.obs[:, 0]), action=windows.action[:, 0],
+                     reward=reward, discount=discount, next_obs=codec.decode(next_obs))
+
+
+def time_program(fn, inputs, repeats: int) -> tuple[float, float]:
+    """(seconds of one run, median over `repeats`; seconds of the first call, its compile)."""
+    start = time.perf_counter()
+    compiled = jax.jit(fn).lower(*inputs).compile()
+    compile_seconds = time.perf_counter() - start
+    return timed(compiled, *inputs, repeats=repeats), compile_seconds
+
+
+def main() -> None:
+    bench = tyro.cli(Args, description=__doc__.split("\n\n")[0])
+    if bench.repeats <= 0 or any(n <= 0 for n in bench.seeds):
+        common.fail("--repeats and --seeds must be positive")
+    unknown = (set(bench.gradient) - set(GRADIENT_VARIANTS)) | (set(bench.sample)
+                                                               - set(SAMPLE_VARIANTS))
+    if unknown:
+        common.fail(f"unknown variants {sorted(unknown)}: gradient {GRADIENT_VARIANTS}, "
+                    f"sample {SAMPLE_VARIANTS}")
+    common.check_out(bench.out)
+    args = training.parse_args(dqn, [*shlex.split(bench.script_args), "--num-devices", "1"])
+    args = contract.fill_runtime_fields(dqn, args)
+    env, env_params = make_env(args.env_id, args.sticky_action_prob)
+    num_actions = env.action_space(env_params).n
+    obs_shape = env.observation_space(env_params).shape
+    codec = dqn.grid_codec(obs_shape)
+    buffer = dqn.make_buffer(args)
+    num_chunks, _, updates_per_chunk = dqn.interleaving(args)
+    num_updates = num_chunks * updates_per_chunk
+    rows = []
+
+    def record(part, variant, n, seconds, compile_seconds):
+        row = {"part": part, "variant": variant, "seeds": n,
+               "us_per_step": 1e6 * seconds / num_updates, "compile_seconds": compile_seconds}
+        print(" | ".join(f"{k} {v:,.4g}" if isinstance(v, float) else f"{k} {v}"
+                         for k, v in row.items()), file=sys.stderr, flush=True)
+        rows.append(row)
+
+    for n in bench.seeds:
+        keys = jax.random.split(jax.random.key(args.seed), n)
+        for variant in bench.gradient:
+            patch, make_optimizer = gradient_variant(variant)
+            with patch:
+                network = dqn.make_network(num_actions, args.hidden_sizes, args.layer_norm,
+                                           args.conv_channels, args.conv_style)
+                optimizer = (make_optimizer or dqn.make_optimizer)(args)
+
+                def steps(key):
+                    mb = random_batch(key, args, obs_shape, num_actions)
+                    params = network.init(key, mb.obs)
+                    train_state = dqn.TrainState(params, params, optimizer.init(params))
+
+                    def one(train_state, _):
+                        return dqn.gradient_step(train_state, mb, network, optimizer,
+                                                 args.loss)[0], None
+                    final = jax.lax.scan(one, train_state, None, length=num_updates)[0]
+                    return jax.tree.map(jnp.sum, final.params)
+
+                record("gradient", variant, n, *time_program(jax.vmap(steps), (keys,),
+                                                             bench.repeats))
+        if bench.sample:
+            states = jax.jit(jax.vmap(lambda k: full_buffer(k, args, codec, obs_shape,
+                                                            num_actions)))(keys)
+        for variant in bench.sample:
+            sample = (functools.partial(flashbax_sample, buffer=buffer, args=args, codec=codec)
+                      if variant == "flashbax" else
+                      functools.partial(dqn.sample_batch, batch_size=args.batch_size,
+                                        n=args.n_step, gamma=args.gamma, codec=codec))
+
+            def draws(buffer_state, key):
+                def chunk(_, key):  # a chunk's batches at once, as the update step draws them
+                    batches = jax.vmap(sample, in_axes=(None, 0))(
+                        buffer_state, jax.random.split(key, updates_per_chunk))
+                    return None, sum(jnp.sum(x.astype(jnp.float32)) for x in batches)
+                return jax.lax.scan(chunk, None, jax.random.split(key, num_chunks))[1]
+
+            record("sample", variant, n, *time_program(jax.vmap(draws), (states, keys),
+                                                       bench.repeats))
+    report = common.new_report(
+        machine=common.machine(jax.devices()), script_args=bench.script_args,
+        matmul_precision=jax.config.jax_default_matmul_precision or "default",
+        gradient_steps_per_program=num_updates, rows=rows)
+    common.write_report(report, bench.out)
+
+
+if __name__ == "__main__":
+    main()
