@@ -117,7 +117,9 @@ def q_network(obs: jax.Array, num_actions: int, hidden_sizes: tuple[int, ...], l
     pqn_minatar.py's network family."""
     x = obs.astype(jnp.float32)  # the buffer gives MinAtar's 0/1 grids back as uint8
     if conv_channels and conv_style == "pooled":
-        x = layers.conv_relu_pool(x, conv_channels)  # = hk.Conv2D -> ReLU -> hk.avg_pool(2x2)
+        # = hk.Conv2D -> ReLU -> hk.avg_pool(2x2), as matrix products where XLA's convolution is
+        # slow (a CPU), as XLA's convolution elsewhere
+        x = layers.conv_relu_pool(x, conv_channels, xla_conv=jax.default_backend() != "cpu")
     elif conv_channels:
         x = jax.nn.relu(layers.conv_valid(x, conv_channels))  # = hk.Conv2D(padding="VALID")
     x = x.reshape(obs.shape[0], -1)
@@ -313,12 +315,21 @@ def double_q_td_error(q_tm1: jax.Array, a_tm1: jax.Array, r_t: jax.Array, discou
     return jax.lax.stop_gradient(target_tm1) - q_taken
 
 
+def online_q_values(params: hk.Params, network: hk.Transformed, obs: jax.Array,
+                    next_obs: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The online network's Q-values at o_t and at o_{t+k}: on an accelerator in one pass over
+    both batches, which runs faster there than two passes; on a CPU in two, which run faster
+    there (benchmarks/dqn_step_variants.py)."""
+    if jax.default_backend() == "cpu":
+        return network.apply(params, obs), network.apply(params, next_obs)
+    return tuple(jnp.split(network.apply(params, jnp.concatenate([obs, next_obs])), 2))
+
+
 def td_loss(params: hk.Params, target_params: hk.Params, network: hk.Transformed, mb: Batch,
             loss: str) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The mean loss of the Double DQN TD errors, and the mean Q-value of the actions taken, for
     the metrics."""
-    q_tm1 = network.apply(params, mb.obs)
-    q_t_selector = network.apply(params, mb.next_obs)
+    q_tm1, q_t_selector = online_q_values(params, network, mb.obs, mb.next_obs)
     q_t_value = network.apply(target_params, mb.next_obs)
     td_error = jax.vmap(double_q_td_error)(q_tm1, mb.action, mb.reward, mb.discount, q_t_value,
                                            q_t_selector)

@@ -134,6 +134,16 @@ def main() -> None:
     while int(state.env_steps) < 2 * args.learning_starts:
         state, _ = step(state)
     rows = []
+
+    def write(echo: bool) -> None:
+        if bench.out or echo:
+            common.write_report(common.new_report(
+                machine=common.machine(jax.devices()), script_args=bench.script_args,
+                matmul_precision=jax.config.jax_default_matmul_precision or "default",
+                steps_per_iteration=args.steps_per_iteration,
+                interleaving=dict(zip(("chunks", "steps_per_chunk", "updates_per_chunk"),
+                                      dqn.interleaving(args))), rows=rows), bench.out, echo)
+
     for n in bench.seeds:
         states = jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *x.shape)), state)
         vmapped = lambda fn: jax.jit(jax.vmap(fn))  # noqa: E731
@@ -145,13 +155,8 @@ def main() -> None:
         row["sum_over_whole"] = sum(row[f"{name}_ms"] for name in programs) / row["whole_ms"]
         print(" | ".join(f"{k} {v:,.3g}" for k, v in row.items()), file=sys.stderr, flush=True)
         rows.append(row)
-    report = common.new_report(
-        machine=common.machine(jax.devices()), script_args=bench.script_args,
-        matmul_precision=jax.config.jax_default_matmul_precision or "default",
-        steps_per_iteration=args.steps_per_iteration,
-        interleaving=dict(zip(("chunks", "steps_per_chunk", "updates_per_chunk"),
-                              dqn.interleaving(args))), rows=rows)
-    common.write_report(report, bench.out)
+        write(echo=False)  # after each row: a time limit that stops the run keeps what it measured
+    write(echo=True)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,11 @@ script; one that changes the numbers needs many-seed scores before it can go in.
 
 Gradient step variants (a fixed batch, one iteration's gradient steps in one `lax.scan`):
 - `script`: dqn_minatar.gradient_step as it is;
-- `xla_conv`: the convolution as hk.Conv2D -> ReLU -> hk.avg_pool (XLA's convolution) instead of
-  utils/layers.py's matrix products (the same function);
-- `one_online_pass`: the online network applied once to the observations and next observations
-  together, instead of twice (the same function);
+- `matmul_conv`, `xla_conv`: the convolution as utils/layers.py's matrix products (the script's
+  on a CPU), or as XLA's convolution (the script's elsewhere): the same function;
+- `one_online_pass`, `two_online_passes`: the online network applied to the observations and
+  the next observations in one pass (the script's on an accelerator), or in two (on a CPU): the
+  same function;
 - `sgd`: plain SGD in place of Adam (not the same training: Adam's share of the step);
 - `precision_default`: float32 products at the device's default precision instead of the
   scripts' `highest` (on a TPU: one bfloat16 pass; not the same numbers).
@@ -34,10 +35,8 @@ from unittest import mock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-import haiku as hk  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 import optax  # noqa: E402
 import tyro  # noqa: E402
 from flashbax.buffers.trajectory_buffer import TrajectoryBufferState  # noqa: E402
@@ -48,7 +47,8 @@ from benchmarks.dqn_profile import timed  # noqa: E402
 from utils import contract, training  # noqa: E402
 from utils.env import make_env  # noqa: E402
 
-GRADIENT_VARIANTS = ("script", "xla_conv", "one_online_pass", "sgd", "precision_default")
+GRADIENT_VARIANTS = ("script", "matmul_conv", "xla_conv", "one_online_pass", "two_online_passes",
+                     "sgd", "precision_default")
 SAMPLE_VARIANTS = ("script", "flashbax")
 
 
@@ -68,32 +68,26 @@ class Args:
     """write the JSON here (it is printed either way)"""
 
 
-def xla_conv_relu_pool(obs: jax.Array, channels: int) -> jax.Array:
-    """utils.layers.conv_relu_pool's function, as Haiku's layers compute it."""
-    x = hk.Conv2D(channels, kernel_shape=3, padding="SAME", name="conv",
-                  w_init=hk.initializers.Orthogonal(np.sqrt(2)))(obs)
-    return hk.avg_pool(jax.nn.relu(x), window_shape=(1, 2, 2, 1), strides=(1, 2, 2, 1),
-                       padding="VALID")
+def one_online_pass(params, network, obs, next_obs):
+    """dqn_minatar.online_q_values as an accelerator computes it."""
+    return tuple(jnp.split(network.apply(params, jnp.concatenate([obs, next_obs])), 2))
 
 
-def td_loss_one_online_pass(params, target_params, network, mb, loss):
-    """dqn_minatar.td_loss with the online network applied once to o_t and o_{t+k} together."""
-    q_both = network.apply(params, jnp.concatenate([mb.obs, mb.next_obs]))
-    q_tm1, q_t_selector = jnp.split(q_both, 2)
-    q_t_value = network.apply(target_params, mb.next_obs)
-    td_error = jax.vmap(dqn.double_q_td_error)(q_tm1, mb.action, mb.reward, mb.discount,
-                                               q_t_value, q_t_selector)
-    losses = dqn.rlax.huber_loss(td_error, 1.0) if loss == "huber" else dqn.rlax.l2_loss(td_error)
-    return losses.mean(), {"td_loss": losses.mean(), "q_values": q_tm1.mean()}
+def two_online_passes(params, network, obs, next_obs):
+    """dqn_minatar.online_q_values as a CPU computes it."""
+    return network.apply(params, obs), network.apply(params, next_obs)
 
 
 def gradient_variant(name: str):
     """The variant's context (patches in force while its program is traced) and optimizer
     factory."""
-    if name == "xla_conv":
-        return mock.patch.object(dqn.layers, "conv_relu_pool", xla_conv_relu_pool), None
-    if name == "one_online_pass":
-        return mock.patch.object(dqn, "td_loss", td_loss_one_online_pass), None
+    if name in ("matmul_conv", "xla_conv"):
+        conv = functools.partial(dqn.layers.conv_relu_pool, xla_conv=name == "xla_conv")
+        return mock.patch.object(dqn.layers, "conv_relu_pool",
+                                 lambda obs, channels, xla_conv: conv(obs, channels)), None
+    if name in ("one_online_pass", "two_online_passes"):
+        passes = one_online_pass if name == "one_online_pass" else two_online_passes
+        return mock.patch.object(dqn, "online_q_values", passes), None
     if name == "sgd":
         return contextlib.nullcontext(), lambda args: optax.sgd(args.learning_rate)
     if name == "precision_default":
@@ -164,12 +158,20 @@ def main() -> None:
     num_updates = num_chunks * updates_per_chunk
     rows = []
 
+    def write(echo: bool) -> None:
+        if bench.out or echo:
+            common.write_report(common.new_report(
+                machine=common.machine(jax.devices()), script_args=bench.script_args,
+                matmul_precision=jax.config.jax_default_matmul_precision or "default",
+                gradient_steps_per_program=num_updates, rows=rows), bench.out, echo)
+
     def record(part, variant, n, seconds, compile_seconds):
         row = {"part": part, "variant": variant, "seeds": n,
                "us_per_step": 1e6 * seconds / num_updates, "compile_seconds": compile_seconds}
         print(" | ".join(f"{k} {v:,.4g}" if isinstance(v, float) else f"{k} {v}"
                          for k, v in row.items()), file=sys.stderr, flush=True)
         rows.append(row)
+        write(echo=False)  # after each row: a time limit that stops the run keeps what it measured
 
     for n in bench.seeds:
         keys = jax.random.split(jax.random.key(args.seed), n)
@@ -211,11 +213,7 @@ def main() -> None:
 
             record("sample", variant, n, *time_program(jax.vmap(draws), (states, keys),
                                                        bench.repeats))
-    report = common.new_report(
-        machine=common.machine(jax.devices()), script_args=bench.script_args,
-        matmul_precision=jax.config.jax_default_matmul_precision or "default",
-        gradient_steps_per_program=num_updates, rows=rows)
-    common.write_report(report, bench.out)
+    write(echo=True)
 
 
 if __name__ == "__main__":

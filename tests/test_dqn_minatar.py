@@ -387,6 +387,29 @@ def test_double_q_td_error_is_rlaxs_to_the_bit_and_its_gradient_no_scatter():
     assert "scatter" not in jax.jit(step).lower(train_state, mb).as_text()
 
 
+def test_an_accelerator_computes_the_cpus_loss_and_gradients_its_own_way(monkeypatch):
+    # Off a CPU the convolution is XLA's and the online network takes o_t and o_{t+k} in one
+    # pass: the same function, so the same loss and gradients up to rounding.
+    network, params, target_params, mb = double_dqn_case()
+
+    def loss_and_grads():
+        grad = jax.jit(jax.grad(dqn.td_loss, has_aux=True), static_argnums=(2, 4))
+        return grad(params, target_params, network, mb, "huber"), grad.lower(
+            params, target_params, network, mb, "huber").as_text()
+
+    (cpu, cpu_info), cpu_program = loss_and_grads()
+    monkeypatch.setattr(jax, "default_backend", lambda: "tpu")
+    (accelerator, accelerator_info), accelerator_program = loss_and_grads()
+    assert "convolution" not in cpu_program and "convolution" in accelerator_program
+    # two online passes and the target's, against one online pass (over both batches) and the
+    # target's: the input layer's product is taken three times, or twice
+    assert cpu_program.count("dot_general") > accelerator_program.count("dot_general")
+    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6), cpu,
+                 accelerator)
+    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5), cpu_info,
+                 accelerator_info)
+
+
 # ------------------------------------------------------------------------------------------------
 # The target network
 # ------------------------------------------------------------------------------------------------

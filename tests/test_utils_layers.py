@@ -28,30 +28,13 @@ def test_conv_relu_pool_equals_haikus_conv2d_relu_and_avg_pool(height, width):
     np.testing.assert_allclose(fast.apply(params, obs), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_conv_relu_pool_is_one_3x3_filter_bank_at_every_cell_then_2x2_means():
-    # Written out cell by cell: zero padding at the edges, ReLU, then the mean of each 2x2 block.
-    height, width = 7, 9
-    conv = hk.without_apply_rng(hk.transform(lambda o: layers.conv_relu_pool(o, 3)))
-    obs = jax.random.bernoulli(jax.random.key(0), 0.4, (2, height, width, 4)).astype(jnp.float32)
-    params = {"conv": {"w": jax.random.normal(jax.random.key(2), (3, 3, 4, 3)),
-                       "b": jax.random.normal(jax.random.key(3), (3,))}}
-    w, b = (np.asarray(params["conv"][k], np.float64) for k in ("w", "b"))
-    padded = np.pad(np.asarray(obs, np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
-    cells = np.zeros((2, height, width, 3))
-    for y in range(height):
-        for x in range(width):
-            cells[:, y, x] = np.einsum("nijc,ijcf->nf", padded[:, y:y + 3, x:x + 3], w) + b
-    rows, cols = height // 2, width // 2  # an odd last row or column is dropped
-    expected = np.maximum(cells[:, :2 * rows, :2 * cols], 0).reshape(2, rows, 2, cols, 2, 3)
-    np.testing.assert_allclose(conv.apply(params, obs), expected.mean(axis=(2, 4)), rtol=1e-5,
-                               atol=1e-6)
-
-
+@pytest.mark.parametrize("xla_conv", [False, True])  # the matrix products, and XLA's convolution
 @pytest.mark.parametrize("height, width", [(10, 10), (7, 9)])  # MinAtar's grid, and odd sides
-def test_the_grid_convolution_is_one_3x3_filter_bank_at_every_cell_then_2x2_means(height, width):
+def test_the_grid_convolution_is_one_3x3_filter_bank_at_every_cell_then_2x2_means(height, width,
+                                                                                  xla_conv):
     # Written out cell by cell: zero padding at the edges (the output keeps the grid's size before
     # pooling), ReLU, then the mean of each 2x2 block.
-    conv = hk.without_apply_rng(hk.transform(lambda o: layers.conv_relu_pool(o, 3)))
+    conv = hk.without_apply_rng(hk.transform(lambda o: layers.conv_relu_pool(o, 3, xla_conv)))
     obs = jax.random.bernoulli(jax.random.key(0), 0.4, (2, height, width, 4)).astype(jnp.float32)
     params = conv.init(jax.random.key(1), obs)
     assert params["conv"]["w"].shape == (3, 3, 4, 3) and params["conv"]["b"].shape == (3,)
@@ -68,6 +51,16 @@ def test_the_grid_convolution_is_one_3x3_filter_bank_at_every_cell_then_2x2_mean
     expected = np.maximum(cells[:, :2 * rows, :2 * cols], 0).reshape(2, rows, 2, cols, 2, 3)
     expected = expected.mean(axis=(2, 4))
     np.testing.assert_allclose(conv.apply(params, obs), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_both_ways_of_the_grid_convolution_start_from_the_same_parameters():
+    # A script that picks the way by its device trains the same network from the same seed.
+    obs = jnp.zeros((1, 10, 10, 4))
+    params = [hk.without_apply_rng(hk.transform(
+        lambda o, x=xla_conv: layers.conv_relu_pool(o, 8, x))).init(jax.random.key(5), obs)
+        for xla_conv in (False, True)]
+    jax.tree.map(np.testing.assert_array_equal, *params)
+    assert float(jnp.abs(params[0]["conv"]["w"]).min()) > 0
 
 
 @pytest.mark.parametrize("height, width", [(10, 10), (7, 9)])  # MinAtar's grid, and odd sides

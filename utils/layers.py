@@ -6,18 +6,24 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def conv_relu_pool(obs: jax.Array, channels: int) -> jax.Array:
+def conv_relu_pool(obs: jax.Array, channels: int, xla_conv: bool = False) -> jax.Array:
     """hk.Conv2D(channels, 3x3, zero padding) -> ReLU -> hk.avg_pool(2x2), with the parameters
     `conv/w` and `conv/b`: (N, H, W, C) -> (N, H // 2, W // 2, channels).
 
     The same numbers, computed as one matrix product per 2x2 output block: the block's 4x4 window
     of the padded grid times the filters placed at its four cells. XLA's CPU convolution is slow at
-    MinAtar's size (the speed benchmarks); tests/test_utils_layers.py holds the two equal.
+    MinAtar's size (the speed benchmarks); tests/test_utils_layers.py holds the two equal. With
+    `xla_conv`, Haiku's layers themselves: a TPU runs its own convolution faster.
     """
+    w_init = hk.initializers.Orthogonal(np.sqrt(2))
+    if xla_conv:
+        x = hk.Conv2D(channels, kernel_shape=3, padding="SAME", w_init=w_init, name="conv")(obs)
+        return hk.avg_pool(jax.nn.relu(x), window_shape=(1, 2, 2, 1), strides=(1, 2, 2, 1),
+                           padding="VALID")
     n, height, width, c = obs.shape
     rows, cols = height // 2, width // 2
     with hk.name_scope("conv"):
-        w = hk.get_parameter("w", (3, 3, c, channels), init=hk.initializers.Orthogonal(np.sqrt(2)))
+        w = hk.get_parameter("w", (3, 3, c, channels), init=w_init)
         b = hk.get_parameter("b", (channels,), init=jnp.zeros)
     # The filters at the block's cells (u, v) in its 4x4 window: (4 * 4 * c, 2 * 2 * channels).
     w4 = jnp.stack([jnp.pad(w, ((u, 1 - u), (v, 1 - v), (0, 0), (0, 0)))
