@@ -6,6 +6,7 @@ way a user runs them: test_<script>_run.py."""
 
 import os
 import signal
+import types
 
 import jax
 import numpy as np
@@ -136,3 +137,29 @@ def test_a_model_header_value_outside_the_scripts_choices_is_refused(script_name
         assert len(err) == 1 and err[0].startswith("error: "), (name, value, err)
         assert not (tmp_path / "runs").exists()
         assert cli.flag(name) in err[0], err  # the line names the field
+
+
+def test_a_script_written_to_log_iterations_earlier_form_stops_at_once_with_one_line(tmp_path):
+    # The loop as scripts wrote it before log_iteration read the metrics itself: the metrics read
+    # by the script, a dict of scalars, and stop_non_finite called by the loop.
+    def earlier_main():
+        args = training.parse_args(tiny_pg)
+        env, env_params = tiny_pg.make_env(args.env_id, args.sticky_action_prob)
+        agent = tiny_pg.make_agent(args, env, env_params)
+        with training.Run(tiny_pg, args, agent, env, env_params) as run:
+            state = run.state
+            for iteration in run.iterations():
+                state, metrics = run.update_step(state)
+                metrics = jax.device_get(metrics)
+                run.log_iteration(iteration, metrics, {"losses/loss": metrics["loss"]})
+                if not metrics["finite"]:
+                    run.stop_non_finite(iteration, "losses/loss")
+                    break
+                run.end_iteration(iteration, state)
+            run.finish(state)
+
+    earlier = types.SimpleNamespace(main=earlier_main, __file__=tiny_pg.__file__)
+    result = run_main(earlier, tmp_path, *TINY, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"error: {training.EARLIER_LOG_ITERATION}"]
+    assert "CHANGELOG.md" in training.EARLIER_LOG_ITERATION

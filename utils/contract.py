@@ -1,4 +1,4 @@
-"""The contract between an algorithm script and the shared machinery (utils/ and benchmarks/).
+"""The contract between an algorithm script and the shared machinery (utils/ and the tools).
 
 A script that keeps it runs through training, checkpoints and `--resume`, `--load-model`, the
 evaluation and its pictures, model files, the many-seed harness (benchmarks/tune.py), the search
@@ -30,6 +30,24 @@ What a script module defines:
   of fields that only add logging: the harness trains with these values) and `STABILITY_METRICS`
   ({metric: "max" or "min"}: with the harness's --stability, each seed's extreme of each over all of
   training, from the update step's metrics, with QUIET_ARGS not applied).
+
+What a script may call, the machinery's half of the contract (a change to any of it gets an entry
+in CHANGELOG.md with its one-line migration):
+
+- `utils.training.parse_args(script)`, and `utils.training.Run(script, args, agent, env,
+  env_params)` as a context manager, of which: `state`, `iterations()`, `update_step(state)`,
+  `log_iteration(iteration, metrics, scalars, first_non_finite)`, `end_iteration(iteration,
+  state)`, `finish(state)`, `evaluate(state)`, `save_model(state)` and `exit_code`; the loop is
+  tests/tiny_pg.py's `main`.
+- `utils.startup.before_imports()` before JAX is imported, and `utils.startup.after_imports()`
+  first in `if __name__ == "__main__":`.
+- From this module: `RunArgs`, `Agent`, `fill_runtime_fields`, `NOT_RESULTS`.
+- Helpers a script may use or not, whose signatures are kept as the rest: `utils.env` (`make_env`,
+  `check_grid`, `default_conv_channels`), `utils.layers`, `utils.parallel` (`AXIS`,
+  `with_mean_gradient`) and `utils.cli` (`flag`, `check_numbers`, `check_rollout`,
+  `default_num_devices`).
+Every other name in utils/ (the rest of `Run`'s methods, the logger, the checkpoint format, the
+evaluation's internals) is the machinery's own and may change without an entry.
 
 What the update step returns: `(state, metrics)`, the metrics a dict of arrays holding at least
 `episodes`, `episode_return_sum` and `episode_length_sum` (of the training episodes that ended in

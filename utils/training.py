@@ -31,6 +31,13 @@ from utils import checkpoint, cli, contract, evaluation, logger, model, parallel
 from utils.checkpoint import Checkpointer, Progress, fresh_start, read_checkpoint_args
 from utils.contract import RESUME_MAY_CHANGE
 
+# The one line a script written to log_iteration's earlier form gets (CHANGELOG.md, 2026-12-06).
+EARLIER_LOG_ITERATION = (
+    "Run.log_iteration(iteration, metrics, scalars, first_non_finite) takes the update step's "
+    "metrics as they are (no jax.device_get) and two functions of them once read: scalars(m) -> "
+    "{tag: value} and first_non_finite(m) -> the name of what went non-finite; the run stops "
+    "itself there, and stop_non_finite is gone (CHANGELOG.md, \"log_iteration reads the metrics "
+    "itself\")")
 STARTED = time.time()  # the clock of summary.json's wall_seconds, reset by parse_args
 
 # A copy of arrays on their device, in one program: what the host keeps of a state before the
@@ -234,7 +241,7 @@ class Run:
         self.status = "completed"
 
     def log_iteration(self, iteration: int, metrics: dict, scalars: Callable[[dict], dict],
-                      first_non_finite: Callable[[dict], str]) -> None:
+                      first_non_finite: Callable[[dict], str] | None = None) -> None:
         """Takes iteration `iteration`'s metrics (the device's arrays, from `update_step`) and logs
         the iteration before it if still pending (on a GPU or TPU; a CPU's `end_iteration` read it
         already), whose metrics are ready by now: charts/SPS and the episodes that ended in it
@@ -242,7 +249,11 @@ class Run:
         finite stays out), and `metrics["histograms"]`, if there, on the first iteration and
         every tenth. Where that iteration's `metrics["finite"]` is False, training stops
         there: `first_non_finite(metrics)` names what went non-finite, and this iteration is
-        dropped."""
+        dropped.
+        The earlier form (metrics read by the script, a dict of scalars, no first_non_finite, and
+        `stop_non_finite` called by the loop) is refused with one line (CHANGELOG.md)."""
+        if not callable(scalars) or not callable(first_non_finite):
+            cli.fail(EARLIER_LOG_ITERATION)
         done, self.pending = self.pending, Pending(iteration, metrics, scalars, first_non_finite,
                                                    self.params_before)
         if done is not None:
