@@ -319,7 +319,7 @@ def online_q_values(params: hk.Params, network: hk.Transformed, obs: jax.Array,
                     next_obs: jax.Array) -> tuple[jax.Array, jax.Array]:
     """The online network's Q-values at o_t and at o_{t+k}: on an accelerator in one pass over
     both batches, which runs faster there than two passes; on a CPU in two, which run faster
-    there (benchmarks/dqn_step_variants.py)."""
+    there (speed/dqn_step_variants.py)."""
     if jax.default_backend() == "cpu":
         return network.apply(params, obs), network.apply(params, next_obs)
     return tuple(jnp.split(network.apply(params, jnp.concatenate([obs, next_obs])), 2))

@@ -603,7 +603,7 @@ def fill_runtime_fields(args: Args) -> Args:
 
 # What the machinery needs besides make_agent (utils/contract.py): the policy the results report;
 # the fields that only add logging, off in the many-seed harness; the metrics whose extremes its
-# --stability records; the search's space (benchmarks/search.py: a list is a choice, (low, high)
+# --stability records; the search's space (tools/search.py: a list is a choice, (low, high)
 # a uniform float, "log" after them log-uniform, a range integers, one range per torso layer).
 HEADLINE_POLICY = "sampled"
 QUIET_ARGS = {"diagnostics": False}

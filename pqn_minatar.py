@@ -323,7 +323,7 @@ def make_pqn_iteration(args: Args, env, env_params, network: hk.Transformed,
 def make_update_step(args: Args, env, env_params, network: hk.Transformed,
                      optimizer: optax.GradientTransformation):
     """One PQN iteration and its metrics on one device, for the caller to jit: what a run on one
-    device and the many-seed harness (benchmarks/tune.py) train with. On more devices the run
+    device and the many-seed harness (tools/tune.py) train with. On more devices the run
     takes the data-parallel version below, this iteration on each device's share of the
     environments."""
     pqn_iteration = make_pqn_iteration(args, env, env_params, network, optimizer)
@@ -465,7 +465,7 @@ def fill_runtime_fields(args: Args) -> Args:
 
 
 # What the machinery needs besides make_agent (utils/contract.py): the policy the results report
-# (argmax Q, PQN's own test protocol); the search's space (benchmarks/search.py), around
+# (argmax Q, PQN's own test protocol); the search's space (tools/search.py), around
 # purejaxql's MinAtar config (github.com/mttga/purejaxql, purejaxql/config/alg/pqn_minatar.yaml)
 # with epsilon's floor at 0.01. Powers of two, so that every batch divides into every minibatch
 # count and device count. LayerNorm stays on: it is what lets PQN learn without a target network.

@@ -38,10 +38,10 @@ startup.configure_jax(ppo.Args.jax_cache_dir)
 SHARED_PROGRAMS = {
     # the session's tiny run; the signal tests' run is the resume tests' one
     "ppo_breakout runs": ["test_ppo_breakout_run.py", "test_ppo_breakout_stops.py",
-                          "test_utils_startup.py", "test_benchmarks_plot_curves.py",
-                          "test_benchmarks_results_table.py"],
+                          "test_utils_startup.py", "test_tools_plot_curves.py",
+                          "test_tools_results_table.py"],
     # tune's tiny PQN run is the search's PQN defaults trial
-    "harness runs": ["test_benchmarks_tune.py", "test_benchmarks_search.py"],
+    "harness runs": ["test_tools_tune.py", "test_tools_search.py"],
 }
 GROUP_OF_FILE = {name: group for group, names in SHARED_PROGRAMS.items() for name in names}
 
@@ -74,7 +74,7 @@ def cache_only_slow_compiles():
 def tiny_run(tmp_path_factory):
     """One tiny training run of the script, shared by the tests that read what it leaves (in
     test_ppo_breakout_run.py, test_ppo_breakout_stops.py, test_utils_startup.py,
-    test_benchmarks_plot_curves.py and test_benchmarks_results_table.py); it also evaluates after
+    test_tools_plot_curves.py and test_tools_results_table.py); it also evaluates after
     its first iteration."""
     path = tmp_path_factory.mktemp("tiny")
     result = run_in_process(path, *TINY, "--eval-every", "1")

@@ -1,4 +1,4 @@
-"""models/: each pretrained agent is listed in the models table (benchmarks/tables.toml, where its
+"""models/: each pretrained agent is listed in the models table (tools/tables.toml, where its
 digest ties it to the run it came from) and loads into its script's network, as --load-model does,
 giving finite outputs for every action."""
 
@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from benchmarks import make_tables
+from tools import make_tables
 from utils import model
 from utils.env import make_env
 

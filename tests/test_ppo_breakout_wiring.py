@@ -34,7 +34,7 @@ from utils import parallel, training
 # --------------------------------------------------------------------------------------------------
 def test_rollout_value_of_final_obs_per_device_and_under_vmap():
     # The rollout's lax.cond on "some environment was truncated" decides per device under shard_map
-    # (the script) and becomes a select under vmap (benchmarks/tune.py). Either way a truncated step
+    # (the script) and becomes a select under vmap (tools/tune.py). Either way a truncated step
     # must carry v(final_obs) = 0.4 (time 4 / 10) and every other step 0, also on the steps where
     # one device or one vmapped runner has a truncation and the other has none.
     env, env_params = ProbeEnv(), ProbeEnv().default_params

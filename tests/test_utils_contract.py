@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import tiny_pg
-from benchmarks import results_table, search, tune
 from helpers import run_main
+from tools import results_table, search, tune
 from utils import training
 
 SCRIPT = "tests/tiny_pg.py"  # as the harness and the results table name it

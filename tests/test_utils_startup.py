@@ -16,7 +16,7 @@ from utils import model as model_file
 from utils import startup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# What benchmarks/search.py did before every entry point shared startup's cache: JAX's cache with
+# What tools/search.py did before every entry point shared startup's cache: JAX's cache with
 # no cap, whose entries have no access-time file.
 UNCAPPED = ("import jax; jax.config.update('jax_compilation_cache_dir', {!r}); "
             "jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0); "

@@ -1,8 +1,8 @@
 """The contract between an algorithm script and the shared machinery (utils/ and the tools).
 
 A script that keeps it runs through training, checkpoints and `--resume`, `--load-model`, the
-evaluation and its pictures, model files, the many-seed harness (benchmarks/tune.py), the search
-(benchmarks/search.py) and the results tables, with no edit to a shared file. Nothing else about a
+evaluation and its pictures, model files, the many-seed harness (tools/tune.py), the search
+(tools/search.py) and the results tables, with no edit to a shared file. Nothing else about a
 script is assumed.
 
 What a script module defines:
@@ -26,7 +26,7 @@ What a script module defines:
   value they had before), `GAME_DEFAULTS` ({env_id: {field: value}}, per-game rows that a run
   applies where the command line leaves the field; the harness applies none), `fill_defaults(args,
   given)` (fills what the command line leaves, after the game's row; `given`: the fields it sets),
-  `SEARCH_SPACE` (the search's space, benchmarks/search.py reads it), `QUIET_ARGS` ({field: value}
+  `SEARCH_SPACE` (the search's space, tools/search.py reads it), `QUIET_ARGS` ({field: value}
   of fields that only add logging: the harness trains with these values) and `STABILITY_METRICS`
   ({metric: "max" or "min"}: with the harness's --stability, each seed's extreme of each over all of
   training, from the update step's metrics, with QUIET_ARGS not applied).

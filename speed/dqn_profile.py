@@ -1,0 +1,163 @@
+"""Where a DQN iteration's time goes, on the device JAX has (a GPU or TPU where there is one, else
+the CPU): dqn_minatar.py's update step, and each of its parts compiled and run alone, as many times
+as one iteration runs it, for N seeds side by side (vmap, as the harness trains them on an
+accelerator).
+
+The parts, with the script's default settings (or --script-args) on a state past the warm-up:
+- `rollout`: the iteration's environment steps, epsilon-greedy on the online network;
+- `buffer_add`: writing each chunk's transitions into the replay buffer;
+- `sample`: drawing the gradient steps' batches of n-step windows (a chunk's at once) and unpacking
+  their observations;
+- `gradient`: the gradient steps on a fixed batch (three forward passes, a backward one, Adam);
+- `target`: the target network's update check after each chunk.
+Each part's time is the median of --repeats runs, in milliseconds per iteration; `sum_over_whole`
+says how much of the whole step the parts account for (the rest: what XLA fuses across them).
+
+Run:  python speed/dqn_profile.py --seeds 1 8 --out profile.json
+"""
+
+import dataclasses
+import functools
+import os
+import shlex
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import tyro  # noqa: E402
+
+import dqn_minatar as dqn  # noqa: E402
+from tools import common  # noqa: E402
+from utils import contract, training  # noqa: E402
+from utils.env import make_env  # noqa: E402
+
+
+@dataclasses.dataclass
+class Args:
+    script_args: str = ""
+    """dqn_minatar.py's flags, as one string (its defaults otherwise)"""
+    seeds: tuple[int, ...] = (1,)
+    """seed counts N to profile, each N seeds side by side"""
+    repeats: int = 5
+    """timed runs of each program (after one unrecorded run), their median reported"""
+    out: str = ""
+    """write the JSON here (it is printed either way)"""
+
+
+def timed(fn, *inputs, repeats: int) -> float:
+    """Median seconds of fn(*inputs) over `repeats` runs, after one that compiles and warms up."""
+    jax.block_until_ready(fn(*inputs))
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*inputs))
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def checksum(tree) -> jax.Array:
+    """One number from every leaf, so that XLA keeps the work that made them."""
+    return sum(jnp.sum(jnp.asarray(x, jnp.float32)) for x in jax.tree.leaves(tree))
+
+
+def parts(args, env, env_params):
+    """The whole update step and its parts, each a function of one seed's runner state."""
+    network = dqn.make_network(env.action_space(env_params).n, args.hidden_sizes, args.layer_norm,
+                               args.conv_channels, args.conv_style)
+    optimizer, buffer = dqn.make_optimizer(args), dqn.make_buffer(args)
+    codec = dqn.grid_codec(env.observation_space(env_params).shape)
+    num_chunks, steps_per_chunk, updates_per_chunk = dqn.interleaving(args)
+    num_updates = num_chunks * updates_per_chunk
+    epsilon_at = dqn.epsilon_schedule(args)
+    sample_batch = functools.partial(dqn.sample_batch, batch_size=args.batch_size, n=args.n_step,
+                                     gamma=args.gamma, codec=codec)
+    update_step = dqn.make_update_step(args, env, env_params, network, optimizer, buffer, codec)
+    init = functools.partial(dqn.init_runner, env=env, env_params=env_params, network=network,
+                             optimizer=optimizer, buffer=buffer, num_envs=args.num_envs,
+                             codec=codec)
+
+    def rollout(runner):
+        def chunk(runner, _):
+            runner, (transitions, _, _) = dqn.collect_transitions(
+                runner, env, env_params, network, steps_per_chunk, epsilon_at, codec)
+            return runner, checksum(transitions)
+        return jax.lax.scan(chunk, runner, None, length=num_chunks)
+
+    def buffer_add(runner):
+        transitions = jax.tree.map(lambda x: x[:, :steps_per_chunk],
+                                   runner.buffer_state.experience)
+        def chunk(buffer_state, _):
+            return buffer.add(buffer_state, transitions), None
+        return jax.lax.scan(chunk, runner.buffer_state, None, length=num_chunks)[0]
+
+    def sample(runner):
+        def chunk(_, key):  # a chunk's batches at once, as the update step draws them
+            keys = jax.random.split(key, updates_per_chunk)
+            batches = jax.vmap(sample_batch, in_axes=(None, 0))(runner.buffer_state, keys)
+            return None, checksum(batches)
+        return jax.lax.scan(chunk, None, jax.random.split(runner.key, num_chunks))[1]
+
+    def gradient(runner):
+        mb = sample_batch(runner.buffer_state, runner.key)
+
+        def one(train_state, _):
+            return dqn.gradient_step(train_state, mb, network, optimizer, args.loss)[0], None
+        return jax.lax.scan(one, runner.train_state, None, length=num_updates)[0]
+
+    def target(runner):
+        def chunk(train_state, i):  # the clock of the iteration's chunks
+            before = runner.env_steps + i * args.num_envs * steps_per_chunk
+            return dqn.update_target(train_state, before, before + args.num_envs * steps_per_chunk,
+                                     args.target_update_period, args.tau), None
+        return jax.lax.scan(chunk, runner.train_state, jnp.arange(num_chunks))[0]
+
+    return init, update_step, {"rollout": rollout, "buffer_add": buffer_add, "sample": sample,
+                               "gradient": gradient, "target": target}
+
+
+def main() -> None:
+    bench = tyro.cli(Args, description=__doc__.split("\n\n")[0])
+    if bench.repeats <= 0 or any(n <= 0 for n in bench.seeds):
+        common.fail("--repeats and --seeds must be positive")
+    common.check_out(bench.out)
+    args = training.parse_args(dqn, [*shlex.split(bench.script_args), "--num-devices", "1"])
+    args = contract.fill_runtime_fields(dqn, args)
+    env, env_params = make_env(args.env_id, args.sticky_action_prob)
+    init, update_step, programs = parts(args, env, env_params)
+    # A state past the warm-up, its buffer part-filled: what most of a run's iterations start from.
+    step = jax.jit(update_step, donate_argnums=0)
+    state = jax.jit(init)(jax.random.key(args.seed))
+    while int(state.env_steps) < 2 * args.learning_starts:
+        state, _ = step(state)
+    rows = []
+
+    def write(echo: bool) -> None:
+        if bench.out or echo:
+            common.write_report(common.new_report(
+                machine=common.machine(jax.devices()), script_args=bench.script_args,
+                matmul_precision=jax.config.jax_default_matmul_precision or "default",
+                steps_per_iteration=args.steps_per_iteration,
+                interleaving=dict(zip(("chunks", "steps_per_chunk", "updates_per_chunk"),
+                                      dqn.interleaving(args))), rows=rows), bench.out, echo)
+
+    for n in bench.seeds:
+        states = jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *x.shape)), state)
+        vmapped = lambda fn: jax.jit(jax.vmap(fn))  # noqa: E731
+        whole = timed(vmapped(update_step), states, repeats=bench.repeats)
+        row = {"seeds": n, "whole_ms": 1e3 * whole,
+               "sps": n * args.steps_per_iteration / whole}
+        for name, fn in programs.items():
+            row[f"{name}_ms"] = 1e3 * timed(vmapped(fn), states, repeats=bench.repeats)
+        row["sum_over_whole"] = sum(row[f"{name}_ms"] for name in programs) / row["whole_ms"]
+        print(" | ".join(f"{k} {v:,.3g}" for k, v in row.items()), file=sys.stderr, flush=True)
+        rows.append(row)
+        write(echo=False)  # after each row: a time limit that stops the run keeps what it measured
+    write(echo=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""Tests of speed/loop_speed.py: on the CPU, with tiny flags, it times the script as a user
+runs it against its bare update step, the bare step at another precision, and the harness's seeds,
+and reports what it timed."""
+
+import json
+
+from helpers import run_main
+from speed import loop_speed
+
+TINY = ("--script-args=--total-timesteps 8192 --num-envs 16 --num-steps 128 --num-minibatches 4 "
+        "--update-epochs 1 --eval-episodes 8 --num-devices 1")
+
+
+def test_it_times_the_loop_the_bare_step_and_the_harness(tmp_path):
+    result = run_main(loop_speed, tmp_path, TINY, "--rounds", "1", "--precisions", "default",
+                      "--harness-seeds", "2", "--harness-one-at-a-time", "2",
+                      "--harness-timesteps", "4096", "--out", "loop.json", timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((tmp_path / "loop.json").read_text())
+    assert (report["script"], report["iterations"], report["steps_per_iteration"]) == (
+        "ppo_breakout", 4, 2048)
+    (row,) = report["rounds"]  # the round that compiles is not recorded
+    assert row["script"]["global_step"] == 8192
+    assert row["bare"]["sps"] == 8192 / row["bare"]["train_seconds"]
+    assert row["ratio"] == row["script"]["sps"] / row["bare"]["sps"]
+    assert set(report["bare_step_at_precision"]) == {"default"}
+    assert report["matmul_precision"] == "highest"  # the scripts' own (utils/startup.py)
+    side_by_side, one_at_a_time = report["harness"]
+    assert side_by_side["seeds"] == one_at_a_time["seeds"] == 2
+    assert side_by_side["vmap_seeds"] == one_at_a_time["vmap_seeds"] == 1  # a CPU's default
+    assert side_by_side["sps"] == 2 * 4096 / side_by_side["train_seconds"]
+    assert not (tmp_path / "runs").exists()  # the script ran in a work directory of its own

@@ -1,0 +1,94 @@
+"""tools/results_table.py: arguments reach ppo_breakout.py, and bad ones stop it with exit
+status 2."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
+                     "results_table.py")
+
+
+def run_table(tmp_path, *flags):
+    return subprocess.run([sys.executable, TABLE, *flags], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+
+
+
+def test_script_args_reach_the_script_and_its_error_stops_the_table(tmp_path):
+    result = run_table(tmp_path, "--seeds", "1", "--script-args=--update-epochs 0")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: seed 1 failed: error: --update-epochs must be positive, got 0"]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_script_args_that_do_not_parse_exit_2_before_any_run(tmp_path):
+    result = run_table(tmp_path, "--script-args=--exp-name 'unclosed")
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "--script-args" in result.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_collect_makes_the_rows_of_finished_runs_and_their_commands(tmp_path, tiny_run):
+    import hashlib
+    import json
+
+    from tests.helpers import read_summary
+    from tools import make_tables
+
+    _, run_dir = tiny_run
+    out = tmp_path / "collected.json"
+    result = run_table(tmp_path, "--collect", run_dir, "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    summary = read_summary(run_dir)
+    assert (row["seed"], row["eval"], row["args"]) == (3, summary["eval"], summary["args"])
+    with open(os.path.join(run_dir, "model.safetensors"), "rb") as f:
+        assert row["model_sha256"] == hashlib.sha256(f.read()).hexdigest()
+    seconds = row["curve"]["seconds"]
+    assert 0 < seconds[0] <= seconds[-1] <= row["wall_seconds"]
+    # The run's evaluations during training (--eval-every 1) and its final one.
+    curve = row["eval_curve"]
+    assert curve["steps"] == [2048, 4096]
+    assert 0 < curve["train_seconds"][0] < curve["train_seconds"][1]
+    assert curve["train_seconds"][1] == pytest.approx(summary["train_seconds"], abs=0.1)
+    final = summary["eval"]
+    assert curve["minatar/greedy"][1] == pytest.approx(final["sticky_0.1"]["greedy"]["mean"])
+    assert curve["gymnax/sampled"][1] == pytest.approx(final["sampled"]["mean"])
+    # The table's command is the run's own, with the arguments it changed.
+    assert make_tables.command(json.loads(out.read_text())) == (
+        "python ppo_breakout.py --seed 3 --num-devices 2 --eval-every 1 --total-timesteps 4096 "
+        "--num-envs 16 --num-minibatches 4 --update-epochs 1")
+    # A run that did not complete is refused, and nothing is written.
+    summary["status"] = "interrupted"
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    (stopped / "summary.json").write_text(json.dumps(summary))
+    refused = run_table(tmp_path, "--collect", str(stopped), "--out", str(tmp_path / "no.json"))
+    assert refused.returncode == 2 and "did not complete" in refused.stderr
+    assert not (tmp_path / "no.json").exists()
+
+
+def test_a_load_model_run_makes_a_row_without_training_speed(tmp_path, tiny_run):
+    # A --load-model run trains nothing: its summary has no SPS and its row says so (None), where
+    # the table used to end in a KeyError.
+    import json
+    import shutil
+
+    _, run_dir = tiny_run
+    played = tmp_path / "played"
+    shutil.copytree(run_dir, played)
+    summary = json.loads((played / "summary.json").read_text())
+    del summary["sps"]
+    summary["load_model"] = os.path.join(run_dir, "model.safetensors")
+    (played / "summary.json").write_text(json.dumps(summary))
+    out = tmp_path / "played.json"
+    result = run_table(tmp_path, "--collect", str(played), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["sps"] is None and row["eval"] == summary["eval"]
+    assert "| nan |" in result.stdout
