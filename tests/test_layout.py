@@ -6,7 +6,7 @@ import glob
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ("ppo_breakout", "pqn_minatar", "dqn_minatar", "loss_stability")
+SCRIPTS = ("ppo_breakout", "pqn_minatar", "dqn_minatar", "sr_dqn_minatar", "loss_stability")
 
 
 def modules() -> dict[str, str]:

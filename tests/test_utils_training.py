@@ -93,7 +93,7 @@ def bad_header_values(script) -> list[tuple[str, object]]:
     return bad
 
 
-SCRIPTS = ["ppo_breakout", "pqn_minatar", "dqn_minatar"]
+SCRIPTS = ["ppo_breakout", "pqn_minatar", "dqn_minatar", "sr_dqn_minatar"]
 
 
 @pytest.mark.parametrize("script, flags, iterations", [

@@ -1,0 +1,122 @@
+"""Tests of sr_dqn_minatar.py's functions against references: BBF's anneal of n and gamma, the
+annealed n-step window, the reset (shrink and perturb, fresh layers, fresh optimizer), its
+schedule, the EMA target, AdamW's decay, and the network that acts. Its runs:
+test_sr_dqn_minatar_run.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import sr_dqn_minatar as sr
+
+
+def test_n_and_gamma_anneal_as_bbfs_schedule():
+    # BBF: n(x) = round(10 * 0.3 ** (x / 10k)), 1 - gamma(x) = 0.03 * 0.1 ** (x / 10k), then flat.
+    args = sr.Args()
+    since = jnp.array([0, 1_000, 2_000, 3_000, 4_000, 5_000, 6_000, 7_000, 8_000, 9_000, 10_000,
+                       50_000])
+    n, gamma = sr.n_and_gamma(args, since)
+    assert n.tolist() == [10, 9, 8, 7, 6, 5, 5, 4, 4, 3, 3, 3]
+    np.testing.assert_allclose(np.asarray(gamma)[[0, 5, 10, 11]],
+                               [0.97, 1 - 0.03 * 0.1 ** 0.5, 0.997, 0.997], rtol=1e-6)
+    args.anneal_steps = 0  # no anneal: the final values throughout
+    n, gamma = sr.n_and_gamma(args, jnp.array([0, 5]))
+    assert n.tolist() == [3, 3] and np.allclose(gamma, 0.997)
+
+
+def reference_n_step(reward, terminated, truncated, n, gamma):
+    """One window's n-step sample, step by step: (return, bootstrap discount, last step used)."""
+    total = 0.0
+    for j in range(n):
+        total += gamma ** j * reward[j]
+        if terminated[j]:
+            return total, 0.0, j
+        if truncated[j]:
+            return total, gamma ** (j + 1), j
+    return total, gamma ** n, n - 1
+
+
+@pytest.mark.parametrize("n", [1, 3, 6, 10])
+def test_the_annealed_window_uses_its_first_n_steps_and_stops_at_an_episode_end(n):
+    rng = np.random.default_rng(n)
+    for _ in range(50):
+        reward = rng.uniform(-1, 1, 10).astype(np.float32)
+        terminated, truncated = rng.random(10) < 0.1, rng.random(10) < 0.1
+        got = sr.n_step_return(jnp.asarray(reward), jnp.asarray(terminated),
+                               jnp.asarray(truncated), jnp.asarray(n), jnp.asarray(0.95))
+        want = reference_n_step(reward, terminated, truncated, n, 0.95)
+        np.testing.assert_allclose(got[:2], want[:2], rtol=1e-5, atol=1e-6)
+        assert int(got[2]) == want[2]
+
+
+def tiny_state(seed=0):
+    network = sr.make_network(4, (16,), False, 8)
+    obs = jnp.zeros((2, 10, 10, 4))
+    args = sr.Args(learning_rate=1e-3)
+    optimizer = sr.make_optimizer(args)
+    keys = jax.random.split(jax.random.key(seed), 2)
+    params, target = network.init(keys[0], obs), network.init(keys[1], obs)
+    opt_state = optimizer.init(params)
+    opt_state = optimizer.update(jax.tree.map(jnp.ones_like, params), opt_state, params)[1]
+    zero = jnp.zeros((), jnp.int32)
+    state = sr.TrainState(params, target, opt_state, zero + 700, zero + 300, zero + 1)
+    return network, optimizer, obs, state
+
+
+def test_a_reset_shrinks_and_perturbs_the_convolution_and_starts_the_rest_afresh():
+    network, optimizer, obs, state = tiny_state()
+    fresh = sr.fresh_networks(jax.random.key(7), network, obs)
+    after = sr.reset(state, fresh, optimizer, shrink=0.5)
+    for new, old, fresh in ((after.params, state.params, fresh[0]),
+                            (after.target_params, state.target_params, fresh[1])):
+        assert set(new) == {"conv", "torso_0", "q"}
+        for name in ("w", "b"):
+            np.testing.assert_allclose(new["conv"][name],
+                                       0.5 * old["conv"][name] + 0.5 * fresh["conv"][name])
+        for layer in ("torso_0", "q"):
+            jax.tree.map(np.testing.assert_array_equal, new[layer], fresh[layer])
+    # The two networks start from fresh initialisations of their own.
+    assert not np.array_equal(after.params["q"]["w"], after.target_params["q"]["w"])
+    # AdamW starts over: its moments and step count are those of a fresh optimizer.
+    jax.tree.map(np.testing.assert_array_equal, after.opt_state, optimizer.init(after.params))
+    assert int(after.since_reset) == 0 and int(after.resets) == 2 and int(after.steps) == 700
+
+
+def test_resets_come_every_period_and_not_where_less_than_a_period_would_follow():
+    due = [int(s) for s in range(0, 3000, 32)
+           if sr.reset_due(jnp.asarray(s), jnp.asarray(s + 32), 500, 2600)]
+    # the chunks in which the clock passes 500, 1000, 1500 and 2000; 2500 leaves less than a
+    # period before the run's 2,600 gradient steps end
+    assert due == [480, 992, 1472, 1984]
+    assert not sr.reset_due(jnp.asarray(0), jnp.asarray(10_000), 0, 10_000)  # period 0: never
+
+
+def test_the_target_takes_an_ema_step_and_the_online_network_adamws_step():
+    network, optimizer, obs, state = tiny_state()
+    batch = sr.Batch(obs=jnp.ones((8, 10, 10, 4), jnp.uint8), action=jnp.arange(8) % 4,
+                     reward=jnp.ones(8), discount=jnp.full(8, 0.9),
+                     next_obs=jnp.zeros((8, 10, 10, 4), jnp.uint8))
+    after, _ = sr.gradient_step(state, batch, network, optimizer, "huber", tau=0.25)
+    jax.tree.map(lambda t, p, old: np.testing.assert_allclose(t, 0.25 * p + 0.75 * old,
+                                                              rtol=1e-6, atol=1e-7),
+                 after.target_params, after.params, state.target_params)
+    assert int(after.steps) == 701 and int(after.since_reset) == 301
+
+
+def test_adamw_decays_the_weights_and_not_the_biases():
+    args = sr.Args(learning_rate=0.1, weight_decay=0.5)
+    optimizer = sr.make_optimizer(args)
+    params = {"layer": {"w": jnp.ones((2, 2)), "b": jnp.ones(2)}}
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    updates, _ = optimizer.update(zeros, optimizer.init(params), params)
+    np.testing.assert_allclose(updates["layer"]["w"], -0.1 * 0.5 * jnp.ones((2, 2)))
+    np.testing.assert_array_equal(updates["layer"]["b"], jnp.zeros(2))
+
+
+def test_the_target_network_acts_unless_told_otherwise():
+    _, _, _, state = tiny_state()
+    assert sr.acting_params(state, True) is state.target_params
+    assert sr.acting_params(state, False) is state.params
+    optax.tree_utils.tree_zeros_like(state.params)  # the state is a plain pytree of arrays
