@@ -115,10 +115,6 @@ class Args(contract.RunArgs):
     """epsilon of the "sampled" final evaluation; the "greedy" one takes argmax Q. 0.05 is the
     evaluation epsilon of Nature's DQN and CleanRL's DQN"""
 
-    # filled at runtime
-    gradient_steps_per_iteration: int = dataclasses.field(init=False, default=0)
-    """replay_ratio * steps_per_iteration"""
-
 
 # --------------------------------------------------------------------------------------------------
 # Network
@@ -714,7 +710,6 @@ def check_args(args: Args) -> str | None:
 def fill_runtime_fields(args: Args) -> Args:
     args.steps_per_iteration = args.num_envs * args.num_steps
     args.num_iterations = args.total_timesteps // args.steps_per_iteration
-    args.gradient_steps_per_iteration = round(args.replay_ratio * args.steps_per_iteration)
     args.num_devices = 1
     return args
 
