@@ -10,6 +10,7 @@ import optax
 import pytest
 
 import sr_dqn_minatar as sr
+from utils.env import make_env
 
 
 def test_n_and_gamma_anneal_as_bbfs_schedule():
@@ -120,3 +121,31 @@ def test_the_target_network_acts_unless_told_otherwise():
     assert sr.acting_params(state, True) is state.target_params
     assert sr.acting_params(state, False) is state.params
     optax.tree_utils.tree_zeros_like(state.params)  # the state is a plain pytree of arrays
+
+
+def test_seeds_side_by_side_train_as_each_seed_alone_through_their_resets():
+    # The harness's way on an accelerator: the update step vmapped over seeds' states, where the
+    # learning and reset conds become selects. Each seed's buffer is the one it fills alone, its
+    # clock and resets the same, its networks the same to float32's rounding.
+    args = sr.fill_runtime_fields(sr.Args(
+        num_envs=4, num_steps=8, buffer_size=256, batch_size=8, learning_starts=32,
+        n_step_start=4, n_step=2, anneal_steps=32, reset_period=64, hidden_sizes=(16,),
+        conv_channels=4, total_timesteps=32 * 6))
+    assert sr.check_args(args) is None
+    env, env_params = make_env(args.env_id, args.sticky_action_prob)
+    agent = sr.make_agent(args, env, env_params)
+    keys = jax.random.split(jax.random.key(0), 2)
+    alone = [jax.jit(agent.init)(key) for key in keys]
+    together = jax.jit(jax.vmap(agent.init))(keys)
+    step, steps = jax.jit(agent.update_step), jax.jit(jax.vmap(agent.update_step))
+    for _ in range(args.num_iterations):
+        alone = [step(state)[0] for state in alone]
+        together, metrics = steps(together)
+    assert metrics["resets"].tolist() == [4, 4]  # at 64, 128, 192 and 256 of 320 gradient steps
+    for i, state in enumerate(alone):
+        seed_i = jax.tree.map(lambda x: x[i], together)  # noqa: B023
+        for a, b in zip(jax.tree.leaves(state.buffer_state), jax.tree.leaves(seed_i.buffer_state)):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(jax.tree.leaves(state.train_state), jax.tree.leaves(seed_i.train_state)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert not np.array_equal(together.obs[0], together.obs[1])  # the seeds do differ
