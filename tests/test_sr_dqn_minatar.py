@@ -6,7 +6,6 @@ test_sr_dqn_minatar_run.py."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 import sr_dqn_minatar as sr
@@ -116,11 +115,16 @@ def test_adamw_decays_the_weights_and_not_the_biases():
     np.testing.assert_array_equal(updates["layer"]["b"], jnp.zeros(2))
 
 
-def test_the_target_network_acts_unless_told_otherwise():
+def test_the_target_network_acts_and_is_what_a_run_evaluates_and_saves_unless_told_otherwise():
     _, _, _, state = tiny_state()
     assert sr.acting_params(state, True) is state.target_params
     assert sr.acting_params(state, False) is state.params
-    optax.tree_utils.tree_zeros_like(state.params)  # the state is a plain pytree of arrays
+    env, env_params = make_env("Breakout-MinAtar", 0.1)
+    for act_with_target in (True, False):
+        args = sr.fill_runtime_fields(sr.Args(act_with_target=act_with_target))
+        agent = sr.make_agent(args, env, env_params)
+        runner = sr.RunnerState(state, None, None, None, None, None, None, None)
+        assert agent.params(runner) is (state.target_params if act_with_target else state.params)
 
 
 def test_seeds_side_by_side_train_as_each_seed_alone_through_their_resets():
