@@ -139,7 +139,20 @@ def main() -> None:
     except ValueError as e:
         common.fail(str(e))
     args = training.parse_args(script, flags)  # one error line and exit 2 for a bad flag
-    rounds, precisions = [], {}
+    rounds, precisions, seeds = [], {}, []
+
+    def write(echo: bool) -> None:
+        # After every measurement, so a run cut short by a time limit keeps what it measured.
+        ratios = [row["ratio"] for row in rounds]
+        if bench.out or echo:
+            common.write_report(common.new_report(
+                machine=common.machine(jax.devices()), script=tune.name_of(script),
+                script_args=bench.script_args, num_devices=args.num_devices,
+                matmul_precision=jax.config.jax_default_matmul_precision or "default",
+                steps_per_iteration=args.steps_per_iteration, iterations=args.num_iterations,
+                rounds=rounds, ratio_median=statistics.median(ratios) if ratios else None,
+                bare_step_at_precision=precisions, harness=seeds), bench.out, echo)
+
     for r in range(bench.rounds + 1 if bench.rounds else 0):
         row = {"script": script_run(script, flags), "bare": bare_step(script, args)}
         row["ratio"] = row["script"]["sps"] / row["bare"]["sps"]
@@ -148,22 +161,17 @@ def main() -> None:
               f"{row['ratio']:.3f}", file=sys.stderr, flush=True)
         if r:
             rounds.append(row)
+            write(echo=False)
     for precision in bench.precisions:
         precisions[precision] = bare_step(script, args, precision)
         print(f"bare step at {precision} precision: {precisions[precision]['sps']:,.0f} SPS",
               file=sys.stderr, flush=True)
+        write(echo=False)
     runs = [(n, 0) for n in bench.harness_seeds] + [(n, 1) for n in bench.harness_one_at_a_time]
-    seeds = [harness(script, args, n, bench.harness_timesteps, vmap) for n, vmap in runs]
-    ratios = [row["ratio"] for row in rounds]
-    report = common.new_report(
-        machine=common.machine(jax.devices()), script=tune.name_of(script),
-        script_args=bench.script_args, num_devices=args.num_devices,
-        matmul_precision=jax.config.jax_default_matmul_precision or "default",
-        steps_per_iteration=args.steps_per_iteration, iterations=args.num_iterations,
-        rounds=rounds, ratio_median=statistics.median(ratios) if ratios else None,
-        bare_step_at_precision=precisions, harness=seeds)
-    common.write_report(report, bench.out)
-
+    for n, vmap in runs:
+        seeds.append(harness(script, args, n, bench.harness_timesteps, vmap))
+        write(echo=False)
+    write(echo=True)
 
 if __name__ == "__main__":
     main()

@@ -30,3 +30,23 @@ def test_it_times_the_loop_the_bare_step_and_the_harness(tmp_path):
     assert side_by_side["vmap_seeds"] == one_at_a_time["vmap_seeds"] == 1  # a CPU's default
     assert side_by_side["sps"] == 2 * 4096 / side_by_side["train_seconds"]
     assert not (tmp_path / "runs").exists()  # the script ran in a work directory of its own
+
+
+def test_each_measurement_is_written_as_it_comes(tmp_path, monkeypatch):
+    # A run cut short by a time limit (a chip's call) keeps the rows it measured.
+    rows = iter([{"seeds": 1, "sps": 5.0}])
+
+    def harness(script, args, n, timesteps, vmap):
+        try:
+            return next(rows)
+        except StopIteration:
+            raise KeyboardInterrupt from None
+
+    monkeypatch.setattr(loop_speed, "harness", harness)
+    monkeypatch.setattr("sys.argv", ["loop_speed.py", TINY, "--rounds", "0", "--harness-seeds",
+                                     "1", "8", "--out", str(tmp_path / "loop.json")])
+    try:
+        loop_speed.main()
+    except KeyboardInterrupt:
+        pass
+    assert json.loads((tmp_path / "loop.json").read_text())["harness"] == [{"seeds": 1, "sps": 5.0}]
