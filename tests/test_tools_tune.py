@@ -240,6 +240,11 @@ def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path, wh
     assert summary["share_past_wall"]["count"] == int((returns >= 30).sum())
     assert len(result["pooled_curve"]["return"]) == 4
     assert result["timing"]["peak_memory_gb"] > 0 and "CPU family" in result["timing"]["machine"]
+    # Where the set-up went, program by program, as its lines said while it ran.
+    parts = result["timing"]["compile_parts"]
+    assert list(parts) == ["init", "train", "evaluate"]
+    assert sum(parts.values()) == pytest.approx(result["timing"]["compile_seconds"], abs=0.01)
+    assert "compiled evaluate in" in first.stderr.split("chunk  1/4")[0]
 
     # The same setting on the same seeds again, against the first run: identical returns, so the
     # differences are 0 and a run of either is as likely to be the better one.

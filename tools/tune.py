@@ -197,6 +197,8 @@ class SeedsResult(NamedTuple):
     # per seed: logit_gap_max, log_ratio_min, log_ratio_max, non_finite
     stability: dict | None = None
     vmap_seeds: int = 1  # seeds trained side by side on each device
+    # seconds to set up: the seeds' initial states, the training chunk's program, the evaluation's
+    compile_parts: dict | None = None
 
 
 def settings(args):
@@ -338,14 +340,16 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
                 num_devices: int = 0,
                 on_chunk: Callable[[int, int, int, np.ndarray, np.ndarray], None] | None = None,
                 stability: bool = False, checkpoint_path: str = "",
-                vmap_seeds: int = 0) -> SeedsResult:
+                vmap_seeds: int = 0,
+                on_compiled: Callable[[str, float], None] | None = None) -> SeedsResult:
     """Trains and evaluates `cfg` (a script's Args, whose module is the script) for each seed, with
     what the script's make_agent hands over. `cfg` must have its runtime fields filled.
 
     After each chunk, on_chunk(chunk, num_chunks, steps_per_seed, return_sums, episodes) gets that
     chunk's per-seed sums; an exception it raises (a pruned trial) stops training there. With a
     `checkpoint_path`, the state is written there after each chunk, and training continues from
-    what is there (see read_checkpoint).
+    what is there (see read_checkpoint). As each program is compiled, on_compiled(part, seconds)
+    hears of it (the seeds' initial states, the training chunk, the evaluation).
     """
     script, cfg = script_of(cfg), copy.copy(cfg)
     if not stability:  # what only adds logging is off (--stability reads PPO's diagnostics)
@@ -418,17 +422,29 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
         return jax.shard_map(mapped, mesh=mesh, in_specs=(P("seeds"), *[P()] * num_shared),
                              out_specs=P("seeds"), check_vma=False)
 
-    compile_start = time.time()
+    compile_start = part_start = time.time()
+    compile_parts = {}
+
+    def compiled(part: str) -> None:
+        nonlocal part_start
+        compile_parts[part] = time.time() - part_start
+        part_start = time.time()
+        if on_compiled is not None:
+            on_compiled(part, compile_parts[part])
+
     # Initialised outside shard_map: the orthogonal init's QR (LAPACK) deadlocked jaxlib 0.10.2 when
     # two CPU devices ran it at once.
     runners, eval_keys = jax.device_put(jax.jit(lambda s: jax.lax.map(init, s))(jnp.array(padded)),
                                         seed_sharding)
+    compiled("init")
     iteration_counts = [len(c) for c in np.array_split(np.arange(cfg.num_iterations),
                                                        min(num_chunks, cfg.num_iterations))]
     train = jax.jit(per_device(train_chunk, 1), donate_argnums=0).lower(
         runners, jnp.int32(iteration_counts[0])).compile()
+    compiled("train")
     evaluate_all = jax.jit(per_device(lambda x: evaluate_seed(*x))).lower(
         (agent.params(runners), eval_keys)).compile()
+    compiled("evaluate")
     compile_seconds = time.time() - compile_start
 
     chunk_steps = [sum(iteration_counts[:chunk + 1]) * cfg.steps_per_iteration
@@ -473,7 +489,7 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
                        episodes=np.stack(episodes, axis=1), chunk_steps=chunk_steps,
                        compile_seconds=compile_seconds, train_seconds=train_seconds,
                        eval_seconds=time.time() - eval_start, stability=stability or None,
-                       vmap_seeds=group)
+                       vmap_seeds=group, compile_parts=compile_parts)
 
 
 def changed_args(cfg) -> dict:
@@ -516,7 +532,8 @@ def result_json(cfg, seeds: list[int], result: SeedsResult, eval_episodes: int,
         "summary": stats.summarize(result.eval_returns),
         "summary_minatar": stats.summarize(result.eval_returns_minatar),
         "pooled_curve": stats.pooled_curve(result.return_sums, result.episodes),
-        "timing": {"compile_seconds": result.compile_seconds, "train_seconds": result.train_seconds,
+        "timing": {"compile_seconds": result.compile_seconds,
+                   "compile_parts": result.compile_parts, "train_seconds": result.train_seconds,
                    "eval_seconds": result.eval_seconds, "wall_seconds": wall_seconds,
                    "peak_memory_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                    "machine": machine(), "devices": len(jax.devices())},
@@ -541,6 +558,11 @@ def print_progress(chunk: int, num_chunks: int, steps: int, return_sums: np.ndar
     print(f"chunk {chunk + 1:>2}/{num_chunks} | {steps:>9,} of {total_steps:,} steps per seed | "
           f"{time.time() - start:6.1f} s | training return {training_return:5.1f} "
           f"(IQM of seeds {stats.iqm(per_seed):5.1f})", file=sys.stderr, flush=True)
+
+
+def print_compiled(part: str, seconds: float) -> None:
+    """One line per program set up, so that a run stopped while compiling says where it was."""
+    print(f"compiled {part} in {seconds:.1f} s", file=sys.stderr, flush=True)
 
 
 def main() -> None:
@@ -582,7 +604,8 @@ def main() -> None:
               f"{cfg.steps_per_iteration} steps", file=sys.stderr, flush=True)
     result = train_seeds(cfg, seeds, args.eval_episodes, args.num_chunks, args.num_devices,
                          on_chunk=progress, stability=args.stability,
-                         checkpoint_path=checkpoint_path, vmap_seeds=args.vmap_seeds)
+                         checkpoint_path=checkpoint_path, vmap_seeds=args.vmap_seeds,
+                         on_compiled=None if args.quiet else print_compiled)
     command = common.without_cache_dir(shlex.join(["python", "tools/tune.py", *sys.argv[1:]]))
     out = result_json(cfg, seeds, result, args.eval_episodes, command,
                       time.time() - wall_start, baseline)
