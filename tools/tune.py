@@ -413,6 +413,9 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
         per_seed, `group` seeds at a time; the `num_shared` arguments after it are the same for
         all seeds."""
         def mapped(per_seed, *shared):
+            if jax.tree.leaves(per_seed)[0].shape[0] == 1:  # a device's one seed: no loop around it
+                one = fn(jax.tree.map(lambda x: x[0], per_seed), *shared)
+                return jax.tree.map(lambda x: x[None], one)
             if group == 1:
                 return jax.lax.map(lambda x: fn(x, *shared), per_seed)
             groups = jax.tree.map(lambda x: x.reshape(-1, group, *x.shape[1:]), per_seed)
