@@ -1,0 +1,112 @@
+"""Tests of tools/resume_check.py: on the CPU, with the contract's tiny script, a run stopped and
+continued (the script's --resume, the harness's --checkpoint-dir) is found identical to the run
+never stopped; what it compares is there, a difference in any of it is found, and bad input gets
+one line."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import safetensors.numpy
+import tensorboardX
+
+from helpers import ROOT, only_run_dir, run_main
+from tools import resume_check
+from utils import checkpoint
+
+TOOL = os.path.join(ROOT, "tools", "resume_check.py")
+SCRIPT = "tests/tiny_pg.py"
+# Ten iterations of 65,536 CartPole steps: slow enough on a CPU that a signal sent after the third
+# progress line lands before the run ends.
+FLAGS = "--total-timesteps 655360 --num-envs 1024 --num-steps 64"
+
+
+def check(tmp_path, *flags, script=SCRIPT):
+    return subprocess.run([sys.executable, TOOL, "--script", script, *flags], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_a_script_run_stopped_and_resumed_is_found_identical(tmp_path):
+    result = check(tmp_path, f"--script-args={FLAGS}", "--stop-after", "3", "--out", "r.json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["identical"] and report["differing"] == [] and report["mode"] == "script"
+    # Stopped where the signal found it, after the third of ten progress lines and before the end.
+    assert 3 * 65536 <= report["stopped_at_step"] == report["resumed_at_step"] < 655360
+    assert report["global_step"] == 655360
+    assert all(n > 0 for n in report["compared"].values())  # tensors, scalars, the evaluation
+
+
+def test_a_harness_run_killed_and_run_again_is_found_identical(tmp_path):
+    result = check(tmp_path, "--harness", "--stop-after", "2", "--out", "r.json",
+                   "--script-args=--num-seeds 2 --num-chunks 4 --tiny.total-timesteps 8192")
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["identical"] and report["chunks"] == 4 and report["stopped_after_chunk"] == 2
+
+
+def a_run(tmp_path) -> str:
+    import tiny_pg
+
+    assert run_main(tiny_pg, tmp_path, "--total-timesteps", "4096").returncode == 0
+    return only_run_dir(tmp_path)
+
+
+def test_any_difference_in_what_a_run_ends_with_is_found(tmp_path):
+    original = a_run(tmp_path)
+    ends = resume_check.what_a_run_ends_with(original)
+    assert resume_check.differing(ends, ends) == []
+
+    # One bit of one checkpoint tensor.
+    copy = shutil.copytree(original, tmp_path / "tensor")
+    path = os.path.join(copy, checkpoint.CHECKPOINT)
+    with open(path, "rb") as f:
+        tensors = safetensors.numpy.load(f.read())
+    name = next(k for k, t in tensors.items() if t.dtype == np.float32 and t.size)
+    tensors[name] = tensors[name].copy()
+    tensors[name].view(np.uint32).flat[0] ^= 1
+    metadata = safetensors.safe_open(path, "np").metadata()
+    safetensors.numpy.save_file(tensors, path, metadata=metadata)
+    assert resume_check.differing(ends, resume_check.what_a_run_ends_with(copy)) == [
+        f"tensors/{checkpoint.CHECKPOINT}:{name}"]
+
+    # One more logged scalar.
+    copy = shutil.copytree(original, tmp_path / "scalar")
+    with tensorboardX.SummaryWriter(copy) as writer:
+        writer.add_scalar("charts/episodic_return", 1.0, 10**9)
+    assert resume_check.differing(ends, resume_check.what_a_run_ends_with(copy)) == [
+        "scalars/charts/episodic_return"]
+
+    # Another evaluation.
+    copy = shutil.copytree(original, tmp_path / "evaluation")
+    with open(os.path.join(copy, "summary.json")) as f:
+        summary = json.load(f)
+    protocol = next(iter(summary["eval"]))
+    summary["eval"][protocol] = "changed"
+    with open(os.path.join(copy, "summary.json"), "w") as f:
+        json.dump(summary, f)
+    assert resume_check.differing(ends, resume_check.what_a_run_ends_with(copy)) == [
+        f"evaluation/{protocol}"]
+
+
+def test_bad_input_gets_one_line(tmp_path):
+    # In this process where the tool refuses before it starts a run; in its own where a run fails.
+    for flags, message in [(["--stop-after", "0"], "--stop-after must be positive, got 0"),
+                           (["--script", "nothing"], "--script nothing: no such script"),
+                           (["--out", "taken.json"], "--out taken.json exists")]:
+        (tmp_path / "taken.json").write_text("{}")
+        result = run_main(resume_check, tmp_path, *flags)
+        assert result.returncode == 2, (flags, result.stderr)
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith(f"error: {message}"), (flags, line)
+        assert (tmp_path / "taken.json").read_text() == "{}"  # nothing overwritten
+    for flags, message in [([f"--script-args={FLAGS} --num-envs 0"], "exited with 2: error: "),
+                           (["--script-args=--total-timesteps 1024", "--stop-after", "5"],
+                            "the run printed 2 progress lines, fewer than --stop-after 5")]:
+        result = check(tmp_path, *flags)
+        assert result.returncode == 2, (flags, result.stderr)
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith("error: ") and message in line, (flags, line)

@@ -1,0 +1,210 @@
+"""Whether a run stopped partway and continued ends as the run never stopped, to the last bit, for
+any script that keeps utils/contract.py, on the devices JAX has here (a GPU or TPU where there is
+one). The tests show it on the CPU; this shows it where the long runs are trained.
+
+- The script (the default): run whole; run again, stopped with SIGTERM after its --stop-after'th
+  progress line (it ends the iteration it is in and writes a checkpoint), then `--resume`d.
+  Compared: every tensor of model.safetensors and of the last checkpoint (but its learning curve's
+  seconds), every logged scalar but SPS, and the final evaluation.
+- The harness (--harness): tools/tune.py run whole; again with --checkpoint-dir, killed (SIGKILL)
+  after its --stop-after'th chunk, then the same command again, which continues from the last chunk
+  it wrote. Compared: the per-seed returns under both protocols, the learning curves and the
+  statistics.
+
+Each run is its own process, in a work directory of its own, with the same flags.
+
+Run:  python tools/resume_check.py --script ppo_breakout --stop-after 3 \\
+          '--script-args=--num-devices 1 --total-timesteps 10000000' --out resume_ppo.json
+"""
+
+import dataclasses
+import glob
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import safetensors.numpy
+import tyro
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from tools import common  # noqa: E402
+from utils import checkpoint  # noqa: E402
+
+# What the harness's result holds of the training and its evaluation (not its timings or command).
+HARNESS_RESULTS = ("seeds", "eval_returns", "eval_returns_minatar", "minatar_bound_hits", "curve",
+                   "summary", "summary_minatar", "pooled_curve")
+
+
+@dataclasses.dataclass
+class Args:
+    script: str = "ppo_breakout"
+    """the script (a name, or a path relative to the project)"""
+    script_args: str = ""
+    """the script's flags, as one string; with --harness, tools/tune.py's flags and the script's
+    own as --NAME.* flags (--num-seeds 8 --ppo.total-timesteps 1000000)"""
+    harness: bool = False
+    """check tools/tune.py's --checkpoint-dir instead of the script's --resume"""
+    stop_after: int = 3
+    """stop the second run after this many progress lines (the script's: one each tenth of
+    training; the harness's: one per chunk)"""
+    out: str = ""
+    """write the JSON here (it is printed either way)"""
+
+
+def start(command: list[str], cwd: str) -> subprocess.Popen:
+    """`command` in `cwd`, its stderr and stdout as one stream (one pipe, which cannot block on
+    the other) of lines."""
+    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
+def finish(process: subprocess.Popen, command: list[str], expected: int = 0) -> None:
+    """Waits for `process`. A return code other than `expected` stops this tool with the command's
+    last line of output."""
+    output = process.communicate()[0]
+    if process.returncode != expected:
+        last = (output.strip().splitlines() or ["(no output)"])[-1]
+        common.fail(f"{shlex.join(command)} exited with {process.returncode}: {last}")
+
+
+def stop_after(process: subprocess.Popen, is_progress, count: int, sig: int) -> int:
+    """Sends `sig` to `process` after `count` lines of its output that `is_progress`; the number of
+    progress lines it printed before that (fewer: it ended first)."""
+    seen = 0
+    for line in process.stdout:
+        seen += is_progress(line)
+        if seen == count:
+            process.send_signal(sig)
+            break
+    return seen
+
+
+def run_dir(work: str) -> str:
+    (path,) = glob.glob(os.path.join(work, "runs", "*"))
+    return path
+
+
+def what_a_run_ends_with(path: str) -> dict:
+    """Every tensor of the model file and of the last checkpoint (but its learning curve's seconds),
+    every logged scalar but SPS (step, value), and the final evaluation."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tensors = {}
+    for name in ("model.safetensors", checkpoint.CHECKPOINT):
+        with open(os.path.join(path, name), "rb") as f:
+            tensors |= {f"{name}:{key}": (str(t.dtype), t.shape, t.tobytes())
+                        for key, t in safetensors.numpy.load(f.read()).items()
+                        if key != "history.seconds"}
+    events = EventAccumulator(str(path), size_guidance={"scalars": 0})
+    events.Reload()
+    scalars = {tag: [(e.step, e.value) for e in events.Scalars(tag)]
+               for tag in events.Tags()["scalars"] if tag != "charts/SPS"}
+    with open(os.path.join(path, "summary.json")) as f:
+        summary = json.load(f)
+    return {"tensors": tensors, "scalars": scalars, "evaluation": summary["eval"]}
+
+
+def differing(a: dict, b: dict) -> list[str]:
+    """The names, in each part of two runs' ends, that differ (or that only one has)."""
+    return sorted(f"{part}/{name}" for part in a for name in set(a[part]) | set(b[part])
+                  if a[part].get(name) != b[part].get(name))
+
+
+def check_script(script_path: str, flags: list[str], count: int) -> dict:
+    command = [sys.executable, script_path, *flags]
+    seconds = {}
+    with tempfile.TemporaryDirectory() as whole, tempfile.TemporaryDirectory() as stopped:
+        start_time = time.time()
+        finish(start(command, whole), command)
+        seconds["whole"] = time.time() - start_time
+
+        start_time = time.time()
+        process = start(command, stopped)
+        seen = stop_after(process, lambda line: " | SPS " in line, count, signal.SIGTERM)
+        if seen < count:
+            common.fail(f"the run printed {seen} progress lines, fewer than --stop-after {count}")
+        finish(process, command, expected=128 + signal.SIGTERM)
+        seconds["stopped"] = time.time() - start_time
+        path = run_dir(stopped)
+        with open(os.path.join(path, "summary.json")) as f:
+            stopped_at = json.load(f)["global_step"]
+
+        start_time = time.time()
+        resume = [*command, "--resume", path]
+        finish(start(resume, stopped), resume)
+        seconds["resumed"] = time.time() - start_time
+        ends = what_a_run_ends_with(run_dir(whole)), what_a_run_ends_with(path)
+        with open(os.path.join(path, "summary.json")) as f:
+            summary = json.load(f)
+    diff = differing(*ends)
+    return {"stopped_at_step": stopped_at, "resumed_at_step": summary["resumed_at_step"],
+            "global_step": summary["global_step"], "identical": not diff, "differing": diff,
+            "compared": {part: len(names) for part, names in ends[0].items()},
+            "evaluation": summary["eval"], "seconds": seconds}
+
+
+def check_harness(flags: list[str], count: int) -> dict:
+    tune_path = os.path.join(ROOT, "tools", "tune.py")
+    seconds, results = {}, []
+    with tempfile.TemporaryDirectory() as work:
+        whole = [sys.executable, tune_path, *flags, "--out", "whole.json"]
+        start_time = time.time()
+        finish(start(whole, work), whole)
+        seconds["whole"] = time.time() - start_time
+
+        resumed = [sys.executable, tune_path, *flags, "--checkpoint-dir", "chunks",
+                   "--out", "resumed.json"]
+        start_time = time.time()
+        process = start(resumed, work)
+        seen = stop_after(process, lambda line: line.startswith("chunk "), count, signal.SIGKILL)
+        if seen < count:
+            common.fail(f"the harness printed {seen} chunk lines, fewer than --stop-after {count}")
+        finish(process, resumed, expected=-signal.SIGKILL)
+        seconds["stopped"] = time.time() - start_time
+        start_time = time.time()
+        finish(start(resumed, work), resumed)
+        seconds["resumed"] = time.time() - start_time
+        for name in ("whole.json", "resumed.json"):
+            with open(os.path.join(work, name)) as f:
+                results.append(json.load(f))
+    diff = [name for name in HARNESS_RESULTS if results[0][name] != results[1][name]]
+    return {"stopped_after_chunk": count, "chunks": len(results[0]["curve"]["steps"]),
+            "identical": not diff, "differing": diff, "eval_returns": results[1]["eval_returns"],
+            "eval_returns_minatar": results[1]["eval_returns_minatar"], "seconds": seconds}
+
+
+def main() -> None:
+    args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
+    if args.stop_after <= 0:
+        common.fail(f"--stop-after must be positive, got {args.stop_after}")
+    common.check_out(args.out)
+    # The script is not imported here: this process leaves the devices to the runs it starts.
+    script = os.path.join(ROOT, args.script if args.script.endswith(".py") else f"{args.script}.py")
+    if not os.path.isfile(script):
+        common.fail(f"--script {args.script}: no such script")
+    name = os.path.splitext(os.path.basename(script))[0]
+    flags = shlex.split(args.script_args)
+    if args.harness:
+        found = check_harness(["--script", args.script, *flags], args.stop_after)
+    else:
+        found = check_script(script, flags, args.stop_after)
+    print(f"{'identical' if found['identical'] else 'DIFFERENT: ' + ', '.join(found['differing'])}",
+          file=sys.stderr, flush=True)
+    import jax  # here, not at the top: the runs above are the processes that use the devices
+
+    common.write_report(common.new_report(
+        machine=common.machine(jax.devices()), script=name,
+        script_args=args.script_args, mode="harness" if args.harness else "script", **found),
+        args.out)
+    if not found["identical"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
