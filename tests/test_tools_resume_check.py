@@ -6,27 +6,26 @@ one line."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
+import pytest
 import safetensors.numpy
 import tensorboardX
 
-from helpers import ROOT, only_run_dir, run_main
+from helpers import only_run_dir, run_main
 from tools import resume_check
 from utils import checkpoint
 
-TOOL = os.path.join(ROOT, "tools", "resume_check.py")
 SCRIPT = "tests/tiny_pg.py"
 # Ten iterations of 65,536 CartPole steps: slow enough on a CPU that a signal sent after the third
 # progress line lands before the run ends.
 FLAGS = "--total-timesteps 655360 --num-envs 1024 --num-steps 64"
 
 
-def check(tmp_path, *flags, script=SCRIPT):
-    return subprocess.run([sys.executable, TOOL, "--script", script, *flags], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)
+def check(tmp_path, *flags):
+    """The tool's main() in this process (its runs are processes of their own)."""
+    return run_main(resume_check, tmp_path, "--script", SCRIPT, *flags, timeout=600)
 
 
 def test_a_script_run_stopped_and_resumed_is_found_identical(tmp_path):
@@ -93,20 +92,39 @@ def test_any_difference_in_what_a_run_ends_with_is_found(tmp_path):
 
 
 def test_bad_input_gets_one_line(tmp_path):
-    # In this process where the tool refuses before it starts a run; in its own where a run fails.
     for flags, message in [(["--stop-after", "0"], "--stop-after must be positive, got 0"),
                            (["--script", "nothing"], "--script nothing: no such script"),
                            (["--out", "taken.json"], "--out taken.json exists")]:
         (tmp_path / "taken.json").write_text("{}")
-        result = run_main(resume_check, tmp_path, *flags)
+        result = check(tmp_path, *flags)
         assert result.returncode == 2, (flags, result.stderr)
         (line,) = result.stderr.strip().splitlines()
         assert line.startswith(f"error: {message}"), (flags, line)
         assert (tmp_path / "taken.json").read_text() == "{}"  # nothing overwritten
-    for flags, message in [([f"--script-args={FLAGS} --num-envs 0"], "exited with 2: error: "),
-                           (["--script-args=--total-timesteps 1024", "--stop-after", "5"],
-                            "the run printed 2 progress lines, fewer than --stop-after 5")]:
-        result = check(tmp_path, *flags)
-        assert result.returncode == 2, (flags, result.stderr)
-        (line,) = result.stderr.strip().splitlines()
-        assert line.startswith("error: ") and message in line, (flags, line)
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_a_run_that_fails_or_ends_before_its_stop_is_one_line(tmp_path, capsys):
+    command = python("print('step 1 | SPS 5'); print('error: --num-envs must be positive'); "
+                     "raise SystemExit(2)")
+    with pytest.raises(SystemExit) as exit_:
+        resume_check.finish(resume_check.start(command, tmp_path), command)
+    assert exit_.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: ") and line.endswith(
+        "exited with 2: error: --num-envs must be positive")
+
+    # Two progress lines, then the end: the stop never came.
+    command = python("print('step 1 | SPS 5'); print('other'); print('step 2 | SPS 5')")
+    process = resume_check.start(command, tmp_path)
+    assert resume_check.stop_after(process, lambda line: " | SPS " in line, 3, 15) == 2
+    process.wait()
+    # A run still going is stopped at the count.
+    command = python("import time\nfor i in range(100): print(f'step {i} | SPS 5', flush=True); "
+                     "time.sleep(0.1)")
+    process = resume_check.start(command, tmp_path)
+    assert resume_check.stop_after(process, lambda line: " | SPS " in line, 2, 15) == 2
+    assert process.wait(timeout=5) == -15
