@@ -173,5 +173,6 @@ def main() -> None:
         write(echo=False)
     write(echo=True)
 
+
 if __name__ == "__main__":
     main()
