@@ -59,9 +59,9 @@ class Args:
 
 def start(command: list[str], cwd: str) -> subprocess.Popen:
     """`command` in `cwd`, its stderr and stdout as one stream (one pipe, which cannot block on
-    the other) of lines."""
+    the other) of lines, each as it is printed."""
     return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
 def finish(process: subprocess.Popen, command: list[str], expected: int = 0) -> None:
