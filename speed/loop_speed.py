@@ -9,8 +9,8 @@ utils/contract.py.
   matrix-product precision (utils/startup.py sets the scripts' own).
 - The harness: tools/tune.py's training of N seeds for each --harness-seeds N, its aggregate
   training SPS (N x steps per seed / training seconds), with the seeds side by side as the harness
-  does by default on this device; with --harness-one-at-a-time N, N seeds one after another
-  (lax.map, a CPU's default), to compare.
+  does by default on this device (or in groups of --harness-vmap-seeds); with
+  --harness-one-at-a-time N, N seeds one after another (lax.map, a CPU's default), to compare.
 
 Run:  python speed/loop_speed.py --script ppo_breakout --rounds 2 --precisions default \\
           --harness-seeds 1 8 32 '--script-args=--num-devices 1' --out loop_speed_ppo.json
@@ -55,6 +55,9 @@ class Args:
     """seed counts N to time the harness with, the seeds side by side as it trains them here"""
     harness_one_at_a_time: tuple[int, ...] = ()
     """seed counts N to time the harness with, the seeds one after another"""
+    harness_vmap_seeds: int = 0
+    """seeds side by side in each group for --harness-seeds (0: the harness's default here, all of
+    a device's seeds on a GPU or TPU); the groups run one after another"""
     harness_timesteps: int = 0
     """steps per seed of each harness measurement (0: the script's --total-timesteps)"""
     out: str = ""
@@ -130,6 +133,8 @@ def main() -> None:
         common.fail(f"--rounds must be 0 or more, got {bench.rounds}")
     if bench.harness_timesteps < 0:
         common.fail(f"--harness-timesteps must be 0 or more, got {bench.harness_timesteps}")
+    if bench.harness_vmap_seeds < 0:
+        common.fail(f"--harness-vmap-seeds must be 0 or more, got {bench.harness_vmap_seeds}")
     if any(n <= 0 for n in bench.harness_seeds + bench.harness_one_at_a_time):
         common.fail("harness seed counts must be positive")
     common.check_out(bench.out)
@@ -167,7 +172,8 @@ def main() -> None:
         print(f"bare step at {precision} precision: {precisions[precision]['sps']:,.0f} SPS",
               file=sys.stderr, flush=True)
         write(echo=False)
-    runs = [(n, 0) for n in bench.harness_seeds] + [(n, 1) for n in bench.harness_one_at_a_time]
+    runs = ([(n, bench.harness_vmap_seeds) for n in bench.harness_seeds]
+            + [(n, 1) for n in bench.harness_one_at_a_time])
     for n, vmap in runs:
         seeds.append(harness(script, args, n, bench.harness_timesteps, vmap))
         write(echo=False)

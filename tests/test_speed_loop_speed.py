@@ -14,7 +14,8 @@ TINY = ("--script=tests/tiny_pg.py", "--script-args=--total-timesteps 8192 --num
 
 def test_it_times_the_loop_the_bare_step_and_the_harness(tmp_path):
     result = run_main(loop_speed, tmp_path, *TINY, "--rounds", "1", "--precisions", "default",
-                      "--harness-seeds", "2", "--harness-one-at-a-time", "2",
+                      "--harness-seeds", "2", "--harness-vmap-seeds", "2",
+                      "--harness-one-at-a-time", "2",
                       "--harness-timesteps", "4096", "--out", "loop.json", timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "loop.json").read_text())
@@ -28,7 +29,7 @@ def test_it_times_the_loop_the_bare_step_and_the_harness(tmp_path):
     assert report["matmul_precision"] == "highest"  # the scripts' own (utils/startup.py)
     side_by_side, one_at_a_time = report["harness"]
     assert side_by_side["seeds"] == one_at_a_time["seeds"] == 2
-    assert side_by_side["vmap_seeds"] == one_at_a_time["vmap_seeds"] == 1  # a CPU's default
+    assert side_by_side["vmap_seeds"] == 2 and one_at_a_time["vmap_seeds"] == 1
     assert side_by_side["sps"] == 2 * 4096 / side_by_side["train_seconds"]
     assert not (tmp_path / "runs").exists()  # the script ran in a work directory of its own
 
