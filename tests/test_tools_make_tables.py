@@ -263,3 +263,33 @@ def test_a_rows_tables_row_may_read_its_own_file_and_list(monkeypatch):
     assert make_tables.rows_table(table).splitlines()[2:] == [
         "| what | SPS |", "|---|---:|", "| before, 8 | 40 |", "| the script | 25 |",
         "| the harness, 8 | 90 |"]
+
+
+def test_a_row_reads_the_policy_it_names(monkeypatch):
+    # The harness's --both-policies records the other policy beside the headline; a script run's
+    # rows hold both. A row may read either; a file without that policy is refused.
+    harness = {"command": "python tools/tune.py", "seeds": [1, 2], "policy": "greedy",
+               "eval_returns": [1.0, 2.0], "eval_returns_minatar": [3.0, 4.0],
+               "minatar_bound_hits": [0, 0], "changed_args": {}, "args": {"env_id": "Breakout"},
+               "other_policy": {"policy": "sampled", "eval_returns": [5.0, 6.0],
+                                "eval_returns_minatar": [7.0, 8.0], "minatar_bound_hits": [0, 1]}}
+    rows = {"command": "python tools/results_table.py", "policy": "sampled", "rows": [
+        {"seed": 1, "args": {"env_id": "Breakout"}, "curve": None,
+         "eval": {"sampled": {"mean": 9.0}, "greedy": {"mean": 10.0},
+                  "sticky_0.1": {"sampled": {"mean": 11.0}, "greedy": {"mean": 12.0}}}}]}
+    files = {"h.json": harness, "r.json": rows,
+             "old.json": {**harness, "other_policy": None}}
+    monkeypatch.setattr(make_tables, "load", lambda path: files[path])
+    table = {"kind": "results", "head": "| h |", "rule": "|---|",
+             "cells": ["{per_seed:g}", "{per_seed:m}", "{base.per_seed:g}", "{base.per_seed:m}"],
+             "rows": [{"file": "h.json", "base": "r.json", "paired": False},
+                      {"file": "h.json", "policy": "sampled", "base": "r.json",
+                       "base_policy": "greedy", "paired": False},
+                      {"file": "h.json", "policy": "greedy", "base": "r.json",
+                       "base_policy": "sampled", "paired": False}]}
+    assert make_tables.results_table(table).splitlines()[2:] == [
+        "| 1.0, 2.0 | 3.0, 4.0 | 9.0 | 11.0 |",
+        "| 5.0, 6.0 | 7.0, 8.0 | 10.0 | 12.0 |",
+        "| 1.0, 2.0 | 3.0, 4.0 | 9.0 | 11.0 |"]
+    with pytest.raises(ValueError, match="evaluated no sampled policy .* --both-policies"):
+        make_tables.result_of("old.json", policy="sampled")

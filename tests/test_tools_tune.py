@@ -2,6 +2,7 @@
 neighbours, the network its settings describe, the stability record, a baseline compared on this
 run's seeds, and the harness run as a user runs it. Its statistics: test_tools_stats.py."""
 
+import functools
 import json
 import os
 import subprocess
@@ -361,3 +362,30 @@ def test_the_harness_refuses_what_the_script_under_test_cannot_use(tmp_path, mon
     assert result.stderr.strip().splitlines() == [message]
     assert result.stdout == ""
     assert sorted(os.listdir(tmp_path)) == ["ppo.json"]
+
+
+def test_both_policies_adds_the_other_policy_as_the_harness_would_report_it(monkeypatch):
+    import tiny_pg
+    from utils import contract, training
+
+    cfg = contract.fill_runtime_fields(tiny_pg, training.parse_args(
+        tiny_pg, ["--total-timesteps", "4096", "--num-envs", "16"]))
+    run = functools.partial(tune.train_seeds, cfg, [1, 2], eval_episodes=8, num_chunks=1,
+                            num_devices=1)
+    both, headline = run(both_policies=True), run()
+    # The headline policy (tiny_pg's sampled actions) is what it was without the flag ...
+    for name in ("eval_returns", "eval_returns_minatar", "minatar_bound_hits"):
+        np.testing.assert_array_equal(getattr(both, name), getattr(headline, name))
+    assert headline.other_returns is None
+    # ... and the other is what the harness reports where that one is the headline.
+    monkeypatch.setattr(tiny_pg, "HEADLINE_POLICY", "greedy")
+    greedy = run()
+    np.testing.assert_array_equal(both.other_returns, greedy.eval_returns)
+    np.testing.assert_array_equal(both.other_returns_minatar, greedy.eval_returns_minatar)
+    np.testing.assert_array_equal(both.other_bound_hits, greedy.minatar_bound_hits)
+    assert not np.array_equal(both.other_returns, both.eval_returns)
+    monkeypatch.undo()
+    out = tune.result_json(cfg, [1, 2], both, 8, "python tools/tune.py", 1.0)
+    assert out["policy"] == "sampled" and out["other_policy"]["policy"] == "greedy"
+    assert out["other_policy"]["eval_returns"] == greedy.eval_returns.tolist()
+    assert "other_policy" not in tune.result_json(cfg, [1, 2], headline, 8, "python", 1.0)

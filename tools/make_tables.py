@@ -68,11 +68,11 @@ def recorded_args(result: dict) -> dict | None:
             or rows[0].get("args"))
 
 
-def per_seed(result: dict) -> dict:
-    """A result file as per-seed lists: seeds, both protocols' returns (of the policy the script
-    reports first: PPO's sampled, PQN's greedy), the logit gaps."""
+def per_seed(result: dict, policy: str | None = None) -> dict:
+    """A result file as per-seed lists: seeds, both protocols' returns (of `policy`, by default the
+    one the script reports first: PPO's sampled, PQN's greedy), the logit gaps."""
     if "rows" in result:
-        rows, policy = result["rows"], result.get("policy", "sampled")
+        rows, policy = result["rows"], policy or result.get("policy", "sampled")
         return {"seeds": [r["seed"] for r in rows], "args": recorded_args(result),
                 "policy": policy, "eval_returns": [r["eval"][policy]["mean"] for r in rows],
                 "eval_returns_minatar": [r["eval"]["sticky_0.1"][policy]["mean"] for r in rows],
@@ -80,6 +80,13 @@ def per_seed(result: dict) -> dict:
                 "eval_curves": [r.get("eval_curve") for r in rows],
                 "sps": [r.get("sps") for r in rows],
                 "timings": [{k: r.get(k) for k in RUN_TIMES} for r in rows]}
+    if policy and policy != result.get("policy"):  # the harness's other policy (--both-policies)
+        other = result.get("other_policy") or {}
+        if other.get("policy") != policy:
+            raise ValueError(f"{result['command']} evaluated no {policy} policy "
+                             "(the harness does with --both-policies)")
+        result = {**result, **{k: other[k] for k in ("policy", "eval_returns",
+                                                    "eval_returns_minatar", "minatar_bound_hits")}}
     return {**result, "args": recorded_args(result), **(result.get("stability") or {})}
 
 
@@ -90,9 +97,11 @@ PER_SEED = ("seeds", "eval_returns", "eval_returns_minatar", "curves", "eval_cur
 RUN_TIMES = ("process_wall_seconds", "compile_seconds", "train_seconds", "eval_seconds")
 
 
-def result_of(files: str | list[str], seeds: list[int] | None = None) -> dict:
-    """One file, or several pooled seed by seed; on `seeds` (in that order) where given."""
-    parts = [per_seed(load(f)) for f in ([files] if isinstance(files, str) else files)]
+def result_of(files: str | list[str], seeds: list[int] | None = None,
+              policy: str | None = None) -> dict:
+    """One file, or several pooled seed by seed; on `seeds` (in that order) where given; the
+    returns of `policy` where given, else of each file's own."""
+    parts = [per_seed(load(f), policy) for f in ([files] if isinstance(files, str) else files)]
     out = {**parts[0], **{k: [x for p in parts for x in p[k]] for k in PER_SEED if k in parts[0]}}
     if seeds is not None:
         index = {seed: i for i, seed in enumerate(out["seeds"])}
@@ -314,9 +323,9 @@ def results_table(table: dict) -> str:
     lines = [table["head"], table["rule"]]
     for row in table["rows"]:
         row = {"file": row} if isinstance(row, str) else row
-        r = result_of(row["file"], row.get("seeds"))
-        b = result_of(row["base"], r["seeds"] if row.get("paired", True) else None) \
-            if "base" in row else None
+        r = result_of(row["file"], row.get("seeds"), row.get("policy"))
+        b = result_of(row["base"], r["seeds"] if row.get("paired", True) else None,
+                      row.get("base_policy")) if "base" in row else None
         for protocol in ("g", "m") if table.get("per_protocol") else ("g",):
             if "line" in row:  # the whole line as one template
                 lines.append(cell(row["line"], row, r, b, protocol))

@@ -156,6 +156,9 @@ class Args:
     """seeds first_seed, first_seed + 1, ... are trained"""
     eval_episodes: int = 128
     """complete episodes per seed in the final evaluation (the script's headline policy)"""
+    both_policies: bool = False
+    """also evaluate the script's other policy (greedy and sampled both), as many episodes under
+    both protocols; the headline policy stays in eval_returns"""
     num_chunks: int = 10
     """training runs in this many jitted chunks of iterations (at most one per iteration), each
     giving a progress line and a learning-curve point; 1 runs all iterations in one call"""
@@ -199,6 +202,10 @@ class SeedsResult(NamedTuple):
     vmap_seeds: int = 1  # seeds trained side by side on each device
     # seconds to set up: the seeds' initial states, the training chunk's program, the evaluation's
     compile_parts: dict | None = None
+    # with both_policies, the other policy's (seeds,) returns: gymnax's and MinAtar's protocol
+    other_returns: np.ndarray | None = None
+    other_returns_minatar: np.ndarray | None = None
+    other_bound_hits: np.ndarray | None = None
 
 
 def settings(args):
@@ -341,7 +348,8 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
                 on_chunk: Callable[[int, int, int, np.ndarray, np.ndarray], None] | None = None,
                 stability: bool = False, checkpoint_path: str = "",
                 vmap_seeds: int = 0,
-                on_compiled: Callable[[str, float], None] | None = None) -> SeedsResult:
+                on_compiled: Callable[[str, float], None] | None = None,
+                both_policies: bool = False) -> SeedsResult:
     """Trains and evaluates `cfg` (a script's Args, whose module is the script) for each seed, with
     what the script's make_agent hands over. `cfg` must have its runtime fields filled.
 
@@ -349,7 +357,8 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
     chunk's per-seed sums; an exception it raises (a pruned trial) stops training there. With a
     `checkpoint_path`, the state is written there after each chunk, and training continues from
     what is there (see read_checkpoint). As each program is compiled, on_compiled(part, seconds)
-    hears of it (the seeds' initial states, the training chunk, the evaluation).
+    hears of it (the seeds' initial states, the training chunk, the evaluation). With
+    `both_policies`, the script's other policy is evaluated too, on the same episodes' keys.
     """
     script, cfg = script_of(cfg), copy.copy(cfg)
     if not stability:  # what only adds logging is off (--stability reads PPO's diagnostics)
@@ -384,9 +393,8 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
         return jax.lax.fori_loop(0, num_iterations, iteration,
                                  (runner, jnp.zeros(()), jnp.zeros((), jnp.int32), extremes))
 
-    def evaluate_seed(params, eval_key: jax.Array):
-        # Under both protocols, the script's policy; an episode that reaches MinAtar's safety
-        # bound is counted.
+    def evaluate_policy(params, eval_key: jax.Array, greedy):
+        # Under both protocols; an episode that reaches MinAtar's safety bound is counted.
         returns, bound_hits = [], []
         for protocol in PROTOCOLS:
             params_p = protocol_params(cfg.env_id, env_params, protocol)
@@ -397,6 +405,14 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
             bound_hits.append((result.finished & ~result.terminated
                                & (result.lengths >= SAFETY_BOUND)).sum())
         return jnp.stack(returns), jnp.stack(bound_hits)
+
+    def evaluate_seed(params, eval_key: jax.Array):
+        # (policies, protocols): the script's policy; with both_policies, then the other one, the
+        # two in one loop body (evaluate's `greedy` may be traced), not two copies of the program.
+        if not both_policies:
+            return jax.tree.map(lambda x: x[None], evaluate_policy(params, eval_key, greedy))
+        return jax.lax.map(lambda g: evaluate_policy(params, eval_key, g),
+                           jnp.array([greedy, not greedy]))
 
     # The seed axis is padded to a multiple of the devices times the seeds side by side, so any
     # seed count uses all of them; a padding seed repeats the last one and is dropped. On a CPU
@@ -479,20 +495,24 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
 
     eval_start = time.time()
     results = evaluate_all((agent.params(runners), eval_keys))
+    # (seeds, policies, protocols)
     protocol_returns, bound_hits = (np.asarray(x)[:len(seeds)] for x in results)
     if stability:
         *values, non_finite = (np.stack(x) for x in zip(*extremes))  # (chunks, seeds)
         stability = {name: EXTREMES[kind][2](x, 0).tolist()
                      for x, (name, kind) in zip(values, extreme_of.items())}
         stability["non_finite"] = non_finite.any(0).tolist()
-    return SeedsResult(eval_returns=protocol_returns[:, 0],
-                       eval_returns_minatar=protocol_returns[:, 1],
-                       minatar_bound_hits=bound_hits[:, 1],
+    other = ({"other_returns": protocol_returns[:, 1, 0],
+              "other_returns_minatar": protocol_returns[:, 1, 1],
+              "other_bound_hits": bound_hits[:, 1, 1]} if both_policies else {})
+    return SeedsResult(eval_returns=protocol_returns[:, 0, 0],
+                       eval_returns_minatar=protocol_returns[:, 0, 1],
+                       minatar_bound_hits=bound_hits[:, 0, 1],
                        return_sums=np.stack(return_sums, axis=1),
                        episodes=np.stack(episodes, axis=1), chunk_steps=chunk_steps,
                        compile_seconds=compile_seconds, train_seconds=train_seconds,
                        eval_seconds=time.time() - eval_start, stability=stability or None,
-                       vmap_seeds=group, compile_parts=compile_parts)
+                       vmap_seeds=group, compile_parts=compile_parts, **other)
 
 
 def changed_args(cfg) -> dict:
@@ -541,6 +561,14 @@ def result_json(cfg, seeds: list[int], result: SeedsResult, eval_episodes: int,
                    "peak_memory_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                    "machine": machine(), "devices": len(jax.devices())},
     }
+    if result.other_returns is not None:  # the other policy, on the same episodes' keys
+        out["other_policy"] = {
+            "policy": "sampled" if script.HEADLINE_POLICY == "greedy" else "greedy",
+            "eval_returns": [float(r) for r in result.other_returns],
+            "eval_returns_minatar": [float(r) for r in result.other_returns_minatar],
+            "minatar_bound_hits": [int(n) for n in result.other_bound_hits],
+            "summary": stats.summarize(result.other_returns),
+            "summary_minatar": stats.summarize(result.other_returns_minatar)}
     if result.stability is not None:
         out["stability"] = result.stability
     # on this run's seeds: a seed's result does not depend on the others run
@@ -608,7 +636,8 @@ def main() -> None:
     result = train_seeds(cfg, seeds, args.eval_episodes, args.num_chunks, args.num_devices,
                          on_chunk=progress, stability=args.stability,
                          checkpoint_path=checkpoint_path, vmap_seeds=args.vmap_seeds,
-                         on_compiled=None if args.quiet else print_compiled)
+                         on_compiled=None if args.quiet else print_compiled,
+                         both_policies=args.both_policies)
     command = common.without_cache_dir(shlex.join(["python", "tools/tune.py", *sys.argv[1:]]))
     out = result_json(cfg, seeds, result, args.eval_episodes, command,
                       time.time() - wall_start, baseline)
