@@ -45,6 +45,9 @@ def test_a_harness_run_killed_and_run_again_is_found_identical(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["identical"] and report["chunks"] == 4 and report["stopped_after_chunk"] == 2
+    # killed after the second chunk's line, whose checkpoint was written before it: the run again
+    # trained chunks 3 and 4 only (the tool refuses otherwise)
+    assert report["resumed_after_chunk"] == 2
 
 
 def a_run(tmp_path) -> str:
@@ -94,7 +97,10 @@ def test_any_difference_in_what_a_run_ends_with_is_found(tmp_path):
 def test_bad_input_gets_one_line(tmp_path):
     for flags, message in [(["--stop-after", "0"], "--stop-after must be positive, got 0"),
                            (["--script", "nothing"], "--script nothing: no such script"),
-                           (["--out", "taken.json"], "--out taken.json exists")]:
+                           (["--out", "taken.json"], "--out taken.json exists"),
+                           (["--script-args=--seed '1"], "--script-args \"--seed '1\": No closing"),
+                           (["--script-args=--no-save-model"], "--script-args --no-save-model: "),
+                           (["--harness", "--script-args=--quiet"], "--script-args --quiet: ")]:
         (tmp_path / "taken.json").write_text("{}")
         result = check(tmp_path, *flags)
         assert result.returncode == 2, (flags, result.stderr)
@@ -103,28 +109,47 @@ def test_bad_input_gets_one_line(tmp_path):
         assert (tmp_path / "taken.json").read_text() == "{}"  # nothing overwritten
 
 
-def python(code: str) -> list[str]:
-    return [sys.executable, "-c", code]
+# A stand-in for a script: a run directory, two progress lines, then the end.
+TWO_LINES = """import json, os, time
+os.makedirs("runs/run")
+with open("runs/run/summary.json", "w") as f:
+    json.dump({"global_step": 2}, f)
+for step in (1, 2):
+    print(f"step {step} | SPS 5", flush=True)
+    time.sleep(0.2)
+"""
 
 
-def test_a_run_that_fails_or_ends_before_its_stop_is_one_line(tmp_path, capsys):
-    command = python("print('step 1 | SPS 5'); print('error: --num-envs must be positive'); "
-                     "raise SystemExit(2)")
+def test_a_run_that_ends_before_its_stop_or_fails_is_one_line(tmp_path, capsys):
+    script = tmp_path / "two_lines.py"
+    script.write_text(TWO_LINES)
+    for stop, message in [("3", "the run printed 2 progress lines, fewer than --stop-after 3"),
+                          ("2", "the run ended before the stop reached it")]:
+        result = check(tmp_path, "--script", str(script), "--stop-after", stop)
+        assert result.returncode == 2, result.stderr
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith(f"error: {message}"), line
+
+    command = [sys.executable, "-c", "print('error: --num-envs must be positive'); exit(2)"]
     with pytest.raises(SystemExit) as exit_:
-        resume_check.finish(resume_check.start(command, tmp_path), command)
+        resume_check.run(command, tmp_path)
     assert exit_.value.code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: ") and line.endswith(
         "exited with 2: error: --num-envs must be positive")
+    # A run still going is stopped at the count, and one left running when the tool stops is
+    # killed and reaped.
+    command = [sys.executable, "-c", "import time\nfor i in range(100): print(f'step {i} | SPS 5',"
+               " flush=True); time.sleep(0.1)"]
+    with resume_check.started(command, tmp_path) as process:
+        assert resume_check.stop_after(process, lambda line: " | SPS " in line, 2, 15) == 2
+        assert process.wait(timeout=5) == -15
+    with pytest.raises(KeyError), resume_check.started(command, tmp_path) as process:
+        raise KeyError
+    assert process.returncode == -9
 
-    # Two progress lines, then the end: the stop never came.
-    command = python("print('step 1 | SPS 5'); print('other'); print('step 2 | SPS 5')")
-    process = resume_check.start(command, tmp_path)
-    assert resume_check.stop_after(process, lambda line: " | SPS " in line, 3, 15) == 2
-    process.wait()
-    # A run still going is stopped at the count.
-    command = python("import time\nfor i in range(100): print(f'step {i} | SPS 5', flush=True); "
-                     "time.sleep(0.1)")
-    process = resume_check.start(command, tmp_path)
-    assert resume_check.stop_after(process, lambda line: " | SPS " in line, 2, 15) == 2
-    assert process.wait(timeout=5) == -15
+
+def test_the_chunks_a_harness_run_trained_are_read_from_its_progress_lines():
+    output = ("compiled train in 1.0 s\nchunk  3/10 |     6,144 of 20,480 steps per seed | ...\n"
+              "chunk 10/10 |    20,480 of 20,480 steps per seed | ...\n{\n \"chunk\": 1\n}\n")
+    assert resume_check.chunk_numbers(output) == [3, 10]

@@ -8,8 +8,8 @@ one). The tests show it on the CPU; this shows it where the long runs are traine
   seconds), every logged scalar but SPS, and the final evaluation.
 - The harness (--harness): tools/tune.py run whole; again with --checkpoint-dir, killed (SIGKILL)
   after its --stop-after'th chunk, then the same command again, which continues from the last chunk
-  it wrote. Compared: the per-seed returns under both protocols, the learning curves and the
-  statistics.
+  it wrote; that run must train only the chunks after it. Compared: the per-seed returns under
+  both protocols (both policies with --both-policies), the learning curves and the statistics.
 
 Each run is its own process, in a work directory of its own, with the same flags.
 
@@ -17,6 +17,7 @@ Run:  python tools/resume_check.py --script ppo_breakout --stop-after 3 \\
           '--script-args=--num-devices 1 --total-timesteps 10000000' --out resume_ppo.json
 """
 
+import contextlib
 import dataclasses
 import glob
 import json
@@ -34,11 +35,14 @@ import tyro
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from tools import common  # noqa: E402
+from tools.tune import CHECKPOINT  # noqa: E402
 from utils import checkpoint  # noqa: E402
 
 # What the harness's result holds of the training and its evaluation (not its timings or command).
 HARNESS_RESULTS = ("seeds", "eval_returns", "eval_returns_minatar", "minatar_bound_hits", "curve",
-                   "summary", "summary_minatar", "pooled_curve")
+                   "summary", "summary_minatar", "pooled_curve", "other_policy", "stability")
+ENDED_FIRST = ("the run ended before the stop reached it: give a smaller --stop-after than its "
+               "progress lines")
 
 
 @dataclasses.dataclass
@@ -52,25 +56,43 @@ class Args:
     """check tools/tune.py's --checkpoint-dir instead of the script's --resume"""
     stop_after: int = 3
     """stop the second run after this many progress lines (the script's: one each tenth of
-    training; the harness's: one per chunk)"""
+    training; the harness's: one per chunk), fewer than it prints: a run already at its end has
+    nothing left to resume"""
     out: str = ""
     """write the JSON here (it is printed either way)"""
 
 
-def start(command: list[str], cwd: str) -> subprocess.Popen:
-    """`command` in `cwd`, its stderr and stdout as one stream (one pipe, which cannot block on
-    the other) of lines, each as it is printed."""
-    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+@contextlib.contextmanager
+def started(command: list[str], cwd: str):
+    """`command` running in `cwd`, its stderr and stdout as one stream (one pipe, which cannot
+    block on the other) of lines, each as it is printed; killed and reaped on the way out if still
+    running (an error here, Ctrl-C), before its work directory goes."""
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+        if process.stdout.closed:  # read to its end already (finish)
+            process.wait()
+        else:
+            process.communicate()
 
 
-def finish(process: subprocess.Popen, command: list[str], expected: int = 0) -> None:
-    """Waits for `process`. A return code other than `expected` stops this tool with the command's
-    last line of output."""
+def finish(process: subprocess.Popen, command: list[str], expected: int = 0) -> str:
+    """Waits for `process`; the rest of its output. A return code other than `expected` stops this
+    tool with the command's last line of output."""
     output = process.communicate()[0]
     if process.returncode != expected:
         last = (output.strip().splitlines() or ["(no output)"])[-1]
         common.fail(f"{shlex.join(command)} exited with {process.returncode}: {last}")
+    return output
+
+
+def run(command: list[str], cwd: str) -> str:
+    with started(command, cwd) as process:
+        return finish(process, command)
 
 
 def stop_after(process: subprocess.Popen, is_progress, count: int, sig: int) -> int:
@@ -85,9 +107,26 @@ def stop_after(process: subprocess.Popen, is_progress, count: int, sig: int) -> 
     return seen
 
 
+def stopped(process: subprocess.Popen, command: list[str], is_progress, count: int, sig: int,
+            expected: int) -> None:
+    """Stops `process` after `count` progress lines with `sig`; this tool stops with one line
+    unless it exits as a stopped run does (`expected`)."""
+    seen = stop_after(process, is_progress, count, sig)
+    if seen < count:
+        common.fail(f"the run printed {seen} progress lines, fewer than --stop-after {count}")
+    output = process.communicate()[0]
+    if process.returncode in (0, -signal.SIGTERM):  # finished, or its handler already gone
+        common.fail(ENDED_FIRST)
+    if process.returncode != expected:
+        last = (output.strip().splitlines() or ["(no output)"])[-1]
+        common.fail(f"{shlex.join(command)} exited with {process.returncode}: {last}")
+
+
 def run_dir(work: str) -> str:
-    (path,) = glob.glob(os.path.join(work, "runs", "*"))
-    return path
+    paths = glob.glob(os.path.join(work, "runs", "*"))
+    if len(paths) != 1:
+        common.fail(f"the run made {len(paths)} run directories in {work}/runs, not one")
+    return paths[0]
 
 
 def what_a_run_ends_with(path: str) -> dict:
@@ -119,25 +158,26 @@ def differing(a: dict, b: dict) -> list[str]:
 def check_script(script_path: str, flags: list[str], count: int) -> dict:
     command = [sys.executable, script_path, *flags]
     seconds = {}
-    with tempfile.TemporaryDirectory() as whole, tempfile.TemporaryDirectory() as stopped:
+    with tempfile.TemporaryDirectory() as whole, tempfile.TemporaryDirectory() as cut:
         start_time = time.time()
-        finish(start(command, whole), command)
+        run(command, whole)
         seconds["whole"] = time.time() - start_time
+        with open(os.path.join(run_dir(whole), "summary.json")) as f:
+            total = json.load(f)["global_step"]
 
         start_time = time.time()
-        process = start(command, stopped)
-        seen = stop_after(process, lambda line: " | SPS " in line, count, signal.SIGTERM)
-        if seen < count:
-            common.fail(f"the run printed {seen} progress lines, fewer than --stop-after {count}")
-        finish(process, command, expected=128 + signal.SIGTERM)
+        with started(command, cut) as process:
+            stopped(process, command, lambda line: " | SPS " in line, count, signal.SIGTERM,
+                    expected=128 + signal.SIGTERM)
         seconds["stopped"] = time.time() - start_time
-        path = run_dir(stopped)
+        path = run_dir(cut)
         with open(os.path.join(path, "summary.json")) as f:
             stopped_at = json.load(f)["global_step"]
+        if stopped_at >= total:  # stopped after its last iteration: nothing left to resume
+            common.fail(ENDED_FIRST)
 
         start_time = time.time()
-        resume = [*command, "--resume", path]
-        finish(start(resume, stopped), resume)
+        run([*command, "--resume", path], cut)
         seconds["resumed"] = time.time() - start_time
         ends = what_a_run_ends_with(run_dir(whole)), what_a_run_ends_with(path)
         with open(os.path.join(path, "summary.json")) as f:
@@ -149,32 +189,43 @@ def check_script(script_path: str, flags: list[str], count: int) -> dict:
             "evaluation": summary["eval"], "seconds": seconds}
 
 
+def chunk_numbers(output: str) -> list[int]:
+    """The chunks the harness's progress lines say it trained ("chunk  3/10 | ...")."""
+    return [int(line.split()[1].split("/")[0]) for line in output.splitlines()
+            if line.startswith("chunk ")]
+
+
 def check_harness(flags: list[str], count: int) -> dict:
     tune_path = os.path.join(ROOT, "tools", "tune.py")
     seconds, results = {}, []
     with tempfile.TemporaryDirectory() as work:
         whole = [sys.executable, tune_path, *flags, "--out", "whole.json"]
         start_time = time.time()
-        finish(start(whole, work), whole)
+        run(whole, work)
         seconds["whole"] = time.time() - start_time
 
         resumed = [sys.executable, tune_path, *flags, "--checkpoint-dir", "chunks",
                    "--out", "resumed.json"]
         start_time = time.time()
-        process = start(resumed, work)
-        seen = stop_after(process, lambda line: line.startswith("chunk "), count, signal.SIGKILL)
-        if seen < count:
-            common.fail(f"the harness printed {seen} chunk lines, fewer than --stop-after {count}")
-        finish(process, resumed, expected=-signal.SIGKILL)
+        with started(resumed, work) as process:
+            stopped(process, resumed, lambda line: line.startswith("chunk "), count,
+                    signal.SIGKILL, expected=-signal.SIGKILL)
         seconds["stopped"] = time.time() - start_time
+        # Where the killed run's last checkpoint stands: the run again must go on from there.
+        with safetensors.safe_open(os.path.join(work, "chunks", CHECKPOINT), "numpy") as f:
+            done = int(json.loads(f.metadata()["chunks_done"]))
         start_time = time.time()
-        finish(start(resumed, work), resumed)
+        trained = chunk_numbers(run(resumed, work))
         seconds["resumed"] = time.time() - start_time
         for name in ("whole.json", "resumed.json"):
             with open(os.path.join(work, name)) as f:
                 results.append(json.load(f))
-    diff = [name for name in HARNESS_RESULTS if results[0][name] != results[1][name]]
-    return {"stopped_after_chunk": count, "chunks": len(results[0]["curve"]["steps"]),
+    chunks = len(results[0]["curve"]["steps"])
+    if not count <= done < chunks or trained != list(range(done + 1, chunks + 1)):
+        common.fail(f"the run again trained chunks {trained} after a checkpoint of {done} of "
+                    f"{chunks}: it did not go on from where it was killed")
+    diff = [name for name in HARNESS_RESULTS if results[0].get(name) != results[1].get(name)]
+    return {"stopped_after_chunk": count, "resumed_after_chunk": done, "chunks": chunks,
             "identical": not diff, "differing": diff, "eval_returns": results[1]["eval_returns"],
             "eval_returns_minatar": results[1]["eval_returns_minatar"], "seconds": seconds}
 
@@ -189,7 +240,15 @@ def main() -> None:
     if not os.path.isfile(script):
         common.fail(f"--script {args.script}: no such script")
     name = os.path.splitext(os.path.basename(script))[0]
-    flags = shlex.split(args.script_args)
+    try:
+        flags = shlex.split(args.script_args)
+    except ValueError as e:
+        common.fail(f"--script-args {args.script_args!r}: {e}")
+    refused = {"--quiet": "the harness's progress lines are what it stops on"} if args.harness \
+        else {"--no-save-model": "the model files are part of what it compares"}
+    for flag, why in refused.items():
+        if flag in flags:
+            common.fail(f"--script-args {flag}: {why}")
     if args.harness:
         found = check_harness(["--script", args.script, *flags], args.stop_after)
     else:
