@@ -272,7 +272,8 @@ def test_a_row_reads_the_policy_it_names(monkeypatch):
                "eval_returns": [1.0, 2.0], "eval_returns_minatar": [3.0, 4.0],
                "minatar_bound_hits": [0, 0], "changed_args": {}, "args": {"env_id": "Breakout"},
                "other_policy": {"policy": "sampled", "eval_returns": [5.0, 6.0],
-                                "eval_returns_minatar": [7.0, 8.0], "minatar_bound_hits": [0, 1]}}
+                                "eval_returns_minatar": [7.0, 8.0], "minatar_bound_hits": [0, 1],
+                                "summary": {}, "summary_minatar": {}}}
     rows = {"command": "python tools/results_table.py", "policy": "sampled", "rows": [
         {"seed": 1, "args": {"env_id": "Breakout"}, "curve": None,
          "eval": {"sampled": {"mean": 9.0}, "greedy": {"mean": 10.0},
@@ -293,3 +294,8 @@ def test_a_row_reads_the_policy_it_names(monkeypatch):
         "| 1.0, 2.0 | 3.0, 4.0 | 9.0 | 11.0 |"]
     with pytest.raises(ValueError, match="evaluated no sampled policy .* --both-policies"):
         make_tables.result_of("old.json", policy="sampled")
+    with pytest.raises(ValueError, match="results_table.py evaluated no argmax policy"):
+        make_tables.result_of("r.json", policy="argmax")
+    # A harness file from before the harness recorded its policy is PPO's: sampled.
+    files["ppo.json"] = {k: v for k, v in harness.items() if k not in ("policy", "other_policy")}
+    assert make_tables.result_of("ppo.json", policy="sampled")["eval_returns"] == [1.0, 2.0]

@@ -73,6 +73,8 @@ def per_seed(result: dict, policy: str | None = None) -> dict:
     one the script reports first: PPO's sampled, PQN's greedy), the logit gaps."""
     if "rows" in result:
         rows, policy = result["rows"], policy or result.get("policy", "sampled")
+        if policy not in rows[0]["eval"]:
+            raise ValueError(f"{result['command']} evaluated no {policy} policy")
         return {"seeds": [r["seed"] for r in rows], "args": recorded_args(result),
                 "policy": policy, "eval_returns": [r["eval"][policy]["mean"] for r in rows],
                 "eval_returns_minatar": [r["eval"]["sticky_0.1"][policy]["mean"] for r in rows],
@@ -80,13 +82,15 @@ def per_seed(result: dict, policy: str | None = None) -> dict:
                 "eval_curves": [r.get("eval_curve") for r in rows],
                 "sps": [r.get("sps") for r in rows],
                 "timings": [{k: r.get(k) for k in RUN_TIMES} for r in rows]}
-    if policy and policy != result.get("policy"):  # the harness's other policy (--both-policies)
+    # The harness's files from before it recorded its policy are PPO's: sampled.
+    if policy and policy != result.get("policy", "sampled"):  # its other one (--both-policies)
         other = result.get("other_policy") or {}
         if other.get("policy") != policy:
             raise ValueError(f"{result['command']} evaluated no {policy} policy "
                              "(the harness does with --both-policies)")
-        result = {**result, **{k: other[k] for k in ("policy", "eval_returns",
-                                                    "eval_returns_minatar", "minatar_bound_hits")}}
+        result = {**result, **{k: other[k] for k in (
+            "policy", "eval_returns", "eval_returns_minatar", "minatar_bound_hits", "summary",
+            "summary_minatar")}}
     return {**result, "args": recorded_args(result), **(result.get("stability") or {})}
 
 
@@ -542,7 +546,11 @@ def main() -> None:
         with open(os.path.join(ROOT, name)) as f:
             docs[name] = f.read()
     by_id = tables()
-    stale = [name for name, doc in docs.items() if with_tables(doc, by_id) != doc]
+    try:  # a manifest row that its files cannot fill: one line
+        stale = [name for name, doc in docs.items() if with_tables(doc, by_id) != doc]
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     if args.check:
         if stale:
             print(f"error: tables in {', '.join(stale)} differ from the committed JSON; run {THIS}",
