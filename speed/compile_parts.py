@@ -4,7 +4,8 @@ script that keeps utils/contract.py. On a GPU or TPU, where a fresh machine's fi
 most of a minute, it says which programs (the update step, the evaluation's, the pictures') to cut.
 
 The script's main() runs in this process (in a work directory of its own), JAX's monitoring events
-heard as they come: a program compiled twice is two compiles of the same name.
+heard as they come: a program compiled twice is two compiles of the same name. The cache is off
+only where this process started it (run as a command; `cache_hits` in the JSON says).
 
 Run:  python speed/compile_parts.py --script ppo_breakout \\
           '--script-args=--num-devices 1 --total-timesteps 1000000' --out compile_ppo.json
@@ -32,6 +33,7 @@ from jax._src import dispatch  # noqa: E402  (the events' names; jax.monitoring 
 
 from tools import common, tune  # noqa: E402
 
+CACHE_HIT = "/jax/compilation_cache/cache_hits"
 EVENTS = {dispatch.JAXPR_TRACE_EVENT: "trace", dispatch.JAXPR_TO_MLIR_MODULE_EVENT: "lower",
           dispatch.BACKEND_COMPILE_EVENT: "compile"}
 
@@ -53,9 +55,17 @@ def main() -> None:
         script = tune.load_script(bench.script)
     except ValueError as e:
         common.fail(str(e))
-    flags = [*shlex.split(bench.script_args), "--jax-cache-dir", ""]
+    try:
+        flags = [*shlex.split(bench.script_args), "--jax-cache-dir", ""]
+    except ValueError as e:
+        common.fail(f"--script-args {bench.script_args!r}: {e}")
     heard = []  # (part, program, seconds, seconds since the start when it ended)
+    cache_hits = []  # programs loaded from a compilation cache: none when it is off
     start = time.time()
+
+    def hit(event: str, **_) -> None:
+        if event == CACHE_HIT:
+            cache_hits.append(time.time() - start)
 
     def listen(event: str, seconds: float, **metadata) -> None:
         if event in EVENTS:  # a program is "f" when traced, "jit(f)" when lowered and compiled
@@ -64,6 +74,7 @@ def main() -> None:
             heard.append((EVENTS[event], name, seconds, time.time() - start))
 
     jax.monitoring.register_event_duration_secs_listener(listen)
+    jax.monitoring.register_event_listener(hit)
     argv = sys.argv
     with tempfile.TemporaryDirectory() as work, contextlib.chdir(work):
         output = io.StringIO()
@@ -76,6 +87,8 @@ def main() -> None:
                 common.fail(f"{tune.name_of(script)} {shlex.join(flags)} exited with {e.code}")
         finally:
             sys.argv = argv
+            jax.monitoring.unregister_event_duration_listener(listen)
+            jax.monitoring.unregister_event_listener(hit)
         summary, _ = common.read_summary(output.getvalue())
     wall = time.time() - start
 
@@ -96,7 +109,7 @@ def main() -> None:
         matmul_precision=jax.config.jax_default_matmul_precision or "default",
         run={k: summary.get(k) for k in ("compile_seconds", "train_seconds", "sps",
                                           "global_step")},
-        wall_seconds=wall, totals=totals, programs=rows,
+        wall_seconds=wall, cache_hits=len(cache_hits), totals=totals, programs=rows,
         events=[{"part": part, "program": name, "seconds": seconds, "ended_at": at}
                 for part, name, seconds, at in heard]), bench.out)
 

@@ -9,8 +9,9 @@ utils/contract.py.
   matrix-product precision (utils/startup.py sets the scripts' own).
 - The harness: tools/tune.py's training of N seeds for each --harness-seeds N, its aggregate
   training SPS (N x steps per seed / training seconds), with the seeds side by side as the harness
-  does by default on this device (or in groups of --harness-vmap-seeds); with
-  --harness-one-at-a-time N, N seeds one after another (lax.map, a CPU's default), to compare.
+  does by default on this device (or in groups of --harness-vmap-seeds; N is padded to whole
+  groups on every device, and the row says how many seeds trained); with --harness-one-at-a-time
+  N, each device's seeds one after another (a CPU's default), to compare.
 
 Run:  python speed/loop_speed.py --script ppo_breakout --rounds 2 --precisions default \\
           --harness-seeds 1 8 32 '--script-args=--num-devices 1' --out loop_speed_ppo.json
@@ -118,12 +119,17 @@ def harness(script, args, num_seeds: int, timesteps: int, vmap_seeds: int) -> di
     result = tune.train_seeds(cfg, list(range(1, num_seeds + 1)), eval_episodes=8, num_chunks=2,
                               vmap_seeds=vmap_seeds)
     steps = num_seeds * cfg.num_iterations * cfg.steps_per_iteration
-    row = {"seeds": num_seeds, "vmap_seeds": result.vmap_seeds,
+    devices, group = tune.seed_layout(num_seeds, 0, vmap_seeds)
+    # The seeds the devices trained: N padded to whole groups on every device (a padding seed
+    # repeats the last; its work is not counted in the SPS).
+    trained = num_seeds + -num_seeds % (devices * group)
+    row = {"seeds": num_seeds, "trained_seeds": trained, "vmap_seeds": result.vmap_seeds,
            "steps_per_seed": cfg.num_iterations * cfg.steps_per_iteration,
            "sps": steps / result.train_seconds, "compile_seconds": result.compile_seconds,
            "train_seconds": result.train_seconds}
-    print(f"harness, {num_seeds} seeds ({result.vmap_seeds} at once): {row['sps']:,.0f} SPS, "
-          f"compiled in {result.compile_seconds:.1f} s", file=sys.stderr, flush=True)
+    padded = f", {trained} trained: padded to whole groups" if trained > num_seeds else ""
+    print(f"harness, {num_seeds} seeds ({result.vmap_seeds} at once{padded}): {row['sps']:,.0f} "
+          f"SPS, compiled in {result.compile_seconds:.1f} s", file=sys.stderr, flush=True)
     return row
 
 

@@ -25,4 +25,7 @@ def test_it_names_each_program_the_run_compiles_and_sums_their_seconds(tmp_path)
         assert report["totals"][part] == pytest.approx(
             sum(e["seconds"] for e in report["events"] if e["part"] == part))
     assert report["run"]["global_step"] == 2048 and report["script"] == "tiny_pg"
+    # In this process the suite's compilation cache is on (tests/conftest.py): what it loaded is
+    # counted; run as a command, with the cache off, it counts none.
+    assert isinstance(report["cache_hits"], int)
     assert not (tmp_path / "runs").exists()  # the script ran in a work directory of its own

@@ -30,6 +30,8 @@ def test_it_times_the_loop_the_bare_step_and_the_harness(tmp_path):
     side_by_side, one_at_a_time = report["harness"]
     assert side_by_side["seeds"] == one_at_a_time["seeds"] == 2
     assert side_by_side["vmap_seeds"] == 2 and one_at_a_time["vmap_seeds"] == 1
+    # 2 seeds, 2 at once on each of the CPU's 2 devices: 4 trained, the SPS counting 2
+    assert (side_by_side["trained_seeds"], one_at_a_time["trained_seeds"]) == (4, 2)
     assert side_by_side["sps"] == 2 * 4096 / side_by_side["train_seconds"]
     assert not (tmp_path / "runs").exists()  # the script ran in a work directory of its own
 

@@ -19,6 +19,8 @@ import tempfile
 from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple, NoReturn
 
+from utils import files
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUMMARY_PREFIX = "summary: "
 
@@ -265,8 +267,7 @@ def new_report(command: str | None = None, **fields) -> dict:
 def write_report(report: dict, out: str = "", echo: bool = True) -> None:
     """Writes the report as JSON to `out` (if given) and prints it to stdout (if `echo`)."""
     text = json.dumps(report, indent=1)
-    if out:
-        with open(out, "w") as f:
-            f.write(text + "\n")
+    if out:  # whole or not at all: a benchmark killed while writing leaves the last one
+        files.write_atomically(out, (text + "\n").encode())
     if echo:
         print(text)
