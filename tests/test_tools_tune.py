@@ -133,8 +133,8 @@ def test_a_killed_harness_run_resumes_from_its_last_chunk_bit_for_bit(tmp_path, 
 
 
 def test_a_seed_trains_the_same_beside_any_seeds_on_any_number_of_devices(whole_run):
-    # Seeds 1-3 on two devices (one padding seed), with --stability's record, against seed 2 alone
-    # on one device, without it.
+    # Seeds 1-3 on two devices (one padding seed; each device's two in a lax.map), with
+    # --stability's record, against seed 2 alone on one device (no loop around it), without it.
     together = whole_run
     cfg = ppo.fill_runtime_fields(ppo.Args(
         total_timesteps=8192, num_envs=16, num_steps=128, num_minibatches=4, update_epochs=1))

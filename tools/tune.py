@@ -4,14 +4,16 @@ default), pqn_minatar, or the path of another; its settings are flags named afte
 first "_": --ppo.learning-rate, --pqn.q-lambda.
 
 The seeds are split across the devices (on a CPU, one per core). On a CPU each device trains its
-seeds one after another with `lax.map`, so a seed's result does not depend on which other seeds run,
-on how many, or on the number of devices. On a GPU or TPU each device trains its seeds side by side
-in one `vmap`ped program (--vmap-seeds: how many at once); a seed's result then depends on that
-count too, as a batched program may round differently, but not on which other seeds run beside it.
+seeds one after another with `lax.map` (a device's only seed with no loop around it), so a seed's
+result does not depend on which other seeds run, on how many, or on the number of devices. On a GPU
+or TPU each device trains its seeds side by side in one `vmap`ped program (--vmap-seeds: how many at
+once); a seed's result then depends on that count too, as a batched program may round differently,
+but not on which other seeds run beside it.
 Training runs in --num-chunks jitted chunks of iterations, the runner state donated from one to the
 next; after each chunk the progress is printed (stderr) and a curve point recorded. Each seed's
 final policy is then evaluated on complete episodes under both protocols, with the policy the script
-reports (its HEADLINE_POLICY): PPO's sampled actions, PQN's greedy ones.
+reports (its HEADLINE_POLICY): PPO's sampled actions, PQN's greedy ones; with --both-policies, the
+other one too.
 
 Output (stdout, and --out): JSON with the per-seed returns, their mean and interquartile mean (IQM)
 with 95% bootstrap intervals, the share of seeds past the first wall (return >= 30), the pooled
@@ -181,8 +183,9 @@ class Args:
     is about) and whether any loss, gradient norm or parameter went non-finite"""
     checkpoint_dir: str = ""
     """write the training state to this directory after every chunk; the same command run again
-    continues from it (--out, --baseline, --quiet and --num-devices may change; another device count
-    keeps the returns, while --stability's extremes may differ in their last digits)"""
+    continues from it (--out, --baseline, --quiet, --both-policies and --num-devices may change;
+    another device count keeps the returns, while --stability's extremes may differ in their last
+    digits)"""
 
 
 class SeedsResult(NamedTuple):
@@ -200,7 +203,8 @@ class SeedsResult(NamedTuple):
     # per seed: logit_gap_max, log_ratio_min, log_ratio_max, non_finite
     stability: dict | None = None
     vmap_seeds: int = 1  # seeds trained side by side on each device
-    # seconds to set up: the seeds' initial states, the training chunk's program, the evaluation's
+    # seconds to set up: the seeds' initial states (compiled and run), the training chunk's program
+    # (compiled), the evaluation's (compiled)
     compile_parts: dict | None = None
     # with both_policies, the other policy's (seeds,) returns: gymnax's and MinAtar's protocol
     other_returns: np.ndarray | None = None
@@ -416,7 +420,8 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
 
     # The seed axis is padded to a multiple of the devices times the seeds side by side, so any
     # seed count uses all of them; a padding seed repeats the last one and is dropped. On a CPU
-    # each device runs its seeds one at a time (lax.map): under vmap the rollout's lax.cond
+    # each device runs its seeds one at a time (lax.map; one seed with no loop, which XLA compiles
+    # faster, on a chip by far): under vmap the rollout's lax.cond
     # becomes a select that runs both branches, which a CPU pays for in full, and unbatched runs
     # make a seed's result independent of its neighbours. An accelerator runs a group at once.
     num_devices, group = seed_layout(len(seeds), num_devices, vmap_seeds)
