@@ -12,13 +12,10 @@ Run:  python speed/compile_parts.py --script ppo_breakout \\
 """
 
 import collections
-import contextlib
 import dataclasses
-import io
 import os
 import shlex
 import sys
-import tempfile
 import time
 
 # On a CPU, one JAX device per core, as the scripts have them; set before JAX starts.
@@ -75,21 +72,11 @@ def main() -> None:
 
     jax.monitoring.register_event_duration_secs_listener(listen)
     jax.monitoring.register_event_listener(hit)
-    argv = sys.argv
-    with tempfile.TemporaryDirectory() as work, contextlib.chdir(work):
-        output = io.StringIO()
-        sys.argv = [script.__file__, *flags]
-        try:
-            with contextlib.redirect_stdout(output):
-                script.main()
-        except SystemExit as e:
-            if e.code:
-                common.fail(f"{tune.name_of(script)} {shlex.join(flags)} exited with {e.code}")
-        finally:
-            sys.argv = argv
-            jax.monitoring.unregister_event_duration_listener(listen)
-            jax.monitoring.unregister_event_listener(hit)
-        summary, _ = common.read_summary(output.getvalue())
+    try:
+        summary = common.main_in_work_dir(script, flags)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+        jax.monitoring.unregister_event_listener(hit)
     wall = time.time() - start
 
     programs = collections.defaultdict(lambda: {"trace": 0.0, "lower": 0.0, "compile": 0.0,

@@ -20,12 +20,10 @@ Run:  python speed/loop_speed.py --script ppo_breakout --rounds 2 --precisions d
 import contextlib
 import copy
 import dataclasses
-import io
 import os
 import shlex
 import statistics
 import sys
-import tempfile
 import time
 
 # On a CPU, one JAX device per core, as the harness has them; set before JAX starts.
@@ -67,19 +65,7 @@ class Args:
 
 def script_run(script, flags: list[str]) -> dict:
     """The script's main() with `flags` in a new work directory: its summary.json's timings."""
-    argv = sys.argv
-    with tempfile.TemporaryDirectory() as work, contextlib.chdir(work):
-        output = io.StringIO()
-        sys.argv = [script.__file__, *flags]
-        try:
-            with contextlib.redirect_stdout(output):
-                script.main()
-        except SystemExit as e:
-            if e.code:
-                common.fail(f"{tune.name_of(script)} {shlex.join(flags)} exited with {e.code}")
-        finally:
-            sys.argv = argv
-        summary, _ = common.read_summary(output.getvalue())
+    summary = common.main_in_work_dir(script, flags)
     return {k: summary[k] for k in ("sps", "compile_seconds", "train_seconds", "global_step")}
 
 

@@ -184,3 +184,16 @@ def test_an_existing_out_is_refused_before_anything_runs(tmp_path, capsys):
             ": exists", " exists")
     common.check_out(str(tmp_path / "new.json"))  # a new file in a directory that exists
     assert kept.read_text() == "{}"
+
+
+def test_a_script_run_in_process_fails_in_one_line_with_its_reason(capsys):
+    import tiny_pg
+
+    with pytest.raises(SystemExit) as exit_:
+        common.main_in_work_dir(tiny_pg, ["--num-envs", "0"])
+    assert exit_.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: tiny_pg --num-envs 0 exited with 2: error: --num-envs")
+    summary = common.main_in_work_dir(tiny_pg, ["--total-timesteps", "1024", "--eval-episodes", "2",
+                                                "--num-devices", "1"])
+    assert summary["global_step"] == 1024

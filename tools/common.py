@@ -6,7 +6,9 @@ summary.json) can be run this way; which one is a parameter. So can any other co
 its output so (speed/purejaxql_pqn.py for purejaxql). Importing this module starts no JAX.
 """
 
+import contextlib
 import datetime
+import io
 import json
 import os
 import platform
@@ -114,6 +116,27 @@ def read_summary(stdout: str, cwd: str | None = None) -> tuple[dict, str]:
     path = os.path.join(cwd or os.getcwd(), summary_path(stdout))
     with open(path) as f:
         return json.load(f), path
+
+
+def main_in_work_dir(script, flags: list[str]) -> dict:
+    """An imported script's main() with `flags`, in this process, as `python SCRIPT FLAGS` run in a
+    new work directory (its runs/ goes with it): the summary.json it reported. A run that fails
+    stops the caller with one line."""
+    name = os.path.splitext(os.path.basename(script.__file__))[0]
+    argv = sys.argv
+    with tempfile.TemporaryDirectory() as work, contextlib.chdir(work):
+        output, errors = io.StringIO(), io.StringIO()
+        sys.argv = [script.__file__, *flags]
+        try:
+            with contextlib.redirect_stdout(output), contextlib.redirect_stderr(errors):
+                script.main()
+        except SystemExit as e:
+            if e.code:
+                last = (errors.getvalue().strip().splitlines() or ["(nothing on stderr)"])[-1]
+                fail(f"{name} {shlex.join(flags)} exited with {e.code}: {last}")
+        finally:
+            sys.argv = argv
+        return read_summary(output.getvalue())[0]
 
 
 def script_command(script: str, flags: list[str], tree: str = ROOT) -> list[str]:
