@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 
+import jax
 import safetensors.numpy
 import tyro
 
@@ -235,7 +236,8 @@ def main() -> None:
     if args.stop_after <= 0:
         common.fail(f"--stop-after must be positive, got {args.stop_after}")
     common.check_out(args.out)
-    # The script is not imported here: this process leaves the devices to the runs it starts.
+    # The script is not imported here (nor any JAX backend started): the runs it starts hold the
+    # devices.
     script = os.path.join(ROOT, args.script if args.script.endswith(".py") else f"{args.script}.py")
     if not os.path.isfile(script):
         common.fail(f"--script {args.script}: no such script")
@@ -255,8 +257,7 @@ def main() -> None:
         found = check_script(script, flags, args.stop_after)
     print(f"{'identical' if found['identical'] else 'DIFFERENT: ' + ', '.join(found['differing'])}",
           file=sys.stderr, flush=True)
-    import jax  # here, not at the top: the runs above are the processes that use the devices
-
+    # Only now does this process start JAX's backend: the runs above held the devices.
     common.write_report(common.new_report(
         machine=common.machine(jax.devices()), script=name,
         script_args=args.script_args, mode="harness" if args.harness else "script", **found),
