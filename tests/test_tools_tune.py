@@ -131,6 +131,13 @@ def test_a_killed_harness_run_resumes_from_its_last_chunk_bit_for_bit(tmp_path, 
                 "stability"):
         assert again[key] == whole_run[key], key
 
+    # Killed after its last chunk (in the evaluation): the same command trains nothing and
+    # evaluates the trained seeds, as the run that was not stopped did.
+    finished = run_in_process(tmp_path, *RESUMED, "--checkpoint-dir", "saved")
+    assert finished.returncode == 0, finished.stderr
+    assert "chunk " not in finished.stderr
+    assert json.loads(finished.stdout)["eval_returns"] == whole_run["eval_returns"]
+
 
 def test_a_seed_trains_the_same_beside_any_seeds_on_any_number_of_devices(whole_run):
     # Seeds 1-3 on two devices (one padding seed; each device's two in a lax.map), with
