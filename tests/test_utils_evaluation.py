@@ -133,6 +133,29 @@ def test_an_episode_is_the_same_whatever_slot_plays_it():
         jax.tree.map(np.testing.assert_array_equal, played(width), alone)
 
 
+def test_evaluate_each_gives_what_each_evaluation_gives_alone():
+    # Greedy and sampled, with and without sticky actions, and time limits that cut the 300-step
+    # episodes at 100 and 200 steps or not at all, in one loop: each as `evaluate` alone gives it
+    # with its own parameters and a bound just past its own limit.
+    env, env_params = sticky_probe(0.0)
+    key = jax.random.key(7)
+    greedy, sticky = np.array([True, False, True]), np.array([0.0, 0.3, 0.3], np.float32)
+    limit = np.array([1000, 100, 200], np.int32)
+    together = jax.device_get(evaluation.evaluate_each(
+        key, LEANING_ONE, greedy, sticky, limit, env=env, env_params=env_params,
+        act=act_by_logits, num_episodes=13, max_steps=1001))
+    for i in range(3):
+        played = env_params.replace(sticky_action_prob=float(sticky[i]), env_params=ProbeParams(
+            max_steps_in_episode=int(limit[i])))
+        alone = evaluate(key, LEANING_ONE, bool(greedy[i]), env=env, env_params=played,
+                         act=act_by_logits, num_episodes=13, max_steps=int(limit[i]) + 1)
+        each = jax.tree.map(lambda x: x[i], together._replace(frames=None))  # noqa: B023
+        jax.tree.map(np.testing.assert_array_equal, each,
+                     jax.device_get(alone._replace(frames=None)))
+    assert sorted(set(together.lengths.max(1).tolist())) == [100, 200, 300]
+    assert together.finished.all()  # a time limit ends an episode as the game's end does
+
+
 def test_final_evaluation_is_the_same_on_one_device_or_two():
     # 13 episodes: on two devices, one plays 7 and the other 6 (and an extra one, not counted); the
     # recorded episodes 0-7 are on both.

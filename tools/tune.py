@@ -60,7 +60,7 @@ sys.path.insert(0, ROOT)
 from tools import common, stats  # noqa: E402
 from utils import checkpoint, cli, contract, files, startup  # noqa: E402
 from utils.env import make_env  # noqa: E402
-from utils.evaluation import PROTOCOLS, SAFETY_BOUND, evaluate, protocol_params  # noqa: E402
+from utils.evaluation import PROTOCOLS, SAFETY_BOUND, evaluate_each, protocol_settings  # noqa: E402
 
 DEFAULT_SCRIPT = "ppo_breakout"
 
@@ -397,26 +397,22 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
         return jax.lax.fori_loop(0, num_iterations, iteration,
                                  (runner, jnp.zeros(()), jnp.zeros((), jnp.int32), extremes))
 
-    def evaluate_policy(params, eval_key: jax.Array, greedy):
-        # Under both protocols; an episode that reaches MinAtar's safety bound is counted.
-        returns, bound_hits = [], []
-        for protocol in PROTOCOLS:
-            params_p = protocol_params(cfg.env_id, env_params, protocol)
-            result = evaluate(eval_key, params, greedy, env=env, env_params=params_p,
-                              act=agent.act, num_episodes=eval_episodes,
-                              max_steps=params_p.env_params.max_steps_in_episode + 1)
-            returns.append(result.returns.mean())
-            bound_hits.append((result.finished & ~result.terminated
-                               & (result.lengths >= SAFETY_BOUND)).sum())
-        return jnp.stack(returns), jnp.stack(bound_hits)
+    # Every evaluation, each policy under both protocols, in one loop body (evaluate_each):
+    # one copy of the episode loop in the program, not one per evaluation.
+    policies = [greedy, not greedy] if both_policies else [greedy]
+    sticky, limits = protocol_settings(cfg.env_id, env_params, PROTOCOLS)
+    evaluations = (np.repeat(policies, len(PROTOCOLS)), np.tile(sticky, len(policies)),
+                   np.tile(limits, len(policies)))
 
     def evaluate_seed(params, eval_key: jax.Array):
-        # (policies, protocols): the script's policy; with both_policies, then the other one, the
-        # two in one loop body (evaluate's `greedy` may be traced), not two copies of the program.
-        if not both_policies:
-            return jax.tree.map(lambda x: x[None], evaluate_policy(params, eval_key, greedy))
-        return jax.lax.map(lambda g: evaluate_policy(params, eval_key, g),
-                           jnp.array([greedy, not greedy]))
+        # (policies, protocols): the script's policy, then with both_policies the other one, the
+        # mean returns and the episodes counted at MinAtar's safety bound.
+        result = evaluate_each(eval_key, params, *evaluations, env=env, env_params=env_params,
+                               act=agent.act, num_episodes=eval_episodes,
+                               max_steps=int(limits.max()) + 1)
+        bound_hits = (result.finished & ~result.terminated & (result.lengths >= SAFETY_BOUND))
+        shape = (len(policies), len(PROTOCOLS))
+        return result.returns.mean(-1).reshape(shape), bound_hits.sum(-1).reshape(shape)
 
     # The seed axis is padded to a multiple of the devices times the seeds side by side, so any
     # seed count uses all of them; a padding seed repeats the last one and is dropped. On a CPU

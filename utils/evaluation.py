@@ -14,8 +14,10 @@ terminated, a fingerprint of its observation sequence (equal fingerprints: the s
 the first `record_steps` frames of the first `num_recorded` episodes (grids as uint8: which
 cells are on, what a picture draws; other observations as they are).
 
-`make_evaluate_pair` compiles a script's final evaluations, both protocols and both policies,
-into one program that plays them two at a time; `compile_final_evaluation` names the pairs.
+`evaluate_each` plays several evaluations (policy, sticky actions, time limit) with one copy of
+the episode loop. `make_evaluate_pair` compiles a script's final evaluations, both protocols and
+both policies, into one program that plays them two at a time; `compile_final_evaluation` names
+the pairs.
 """
 
 import functools
@@ -201,6 +203,29 @@ def protocol_params(env_id: str, env_params: Any, protocol: str) -> Any:
         max_steps_in_episode=time_limit))
 
 
+def evaluate_each(key: jax.Array, policy_params: Any, greedy: jax.Array, sticky: jax.Array,
+                  limit: jax.Array, *, env: Any, env_params: Any, **kwargs) -> EvalResult:
+    """`evaluate` of every (greedy, sticky-action probability, time limit) along the three
+    arrays' one axis, each with `key`, so each gives the numbers it gives alone; the results
+    stacked on that axis. One lax.map: the episode loop is compiled once for all of them, not once
+    each (the largest part of an evaluation's compile). `kwargs` go to `evaluate`; its
+    `max_steps` must exceed every limit for a time limit to end an episode as the game's own does.
+    `env_params` must have a `sticky_action_prob` field (utils.env.StickyParams)."""
+    def one(config):
+        played = env_params.replace(
+            sticky_action_prob=config[1],
+            env_params=env_params.env_params.replace(max_steps_in_episode=config[2]))
+        return evaluate(key, policy_params, config[0], env=env, env_params=played, **kwargs)
+    return jax.lax.map(one, (greedy, sticky, limit))
+
+
+def protocol_settings(env_id: str, env_params: Any, protocols) -> tuple[np.ndarray, np.ndarray]:
+    """(sticky-action probabilities, time limits) of `protocols`, for evaluate_each."""
+    played = [protocol_params(env_id, env_params, protocol) for protocol in protocols]
+    return (np.array([p.sticky_action_prob for p in played], np.float32),
+            np.array([p.env_params.max_steps_in_episode for p in played], np.int32))
+
+
 # The final evaluations: gymnax's protocol (key "") and MinAtar's ("sticky_0.1"), each with sampled
 # actions (the policy `act` samples from: PPO's policy, PQN's epsilon-greedy) and greedy ones,
 # whatever the training used. They are played in pairs of indices into EVALUATIONS, one pair per
@@ -227,25 +252,18 @@ def make_evaluate_pair(env: Any, env_id: str, env_params: Any, act: Callable,
     episodes are recorded for RECORD_STEPS steps."""
     mesh = Mesh(np.array(jax.devices()[:num_devices]), ("data",))
     pairs = list(EVALUATION_PAIRS.values())
-    protocols = [[protocol_params(env_id, env_params, PROTOCOL_OF[EVALUATIONS[i][0]]) for i in pair]
-                 for pair in pairs]
     greedy = np.array([[EVALUATIONS[i][1] == "greedy" for i in pair] for pair in pairs])
-    sticky = np.array([[p.sticky_action_prob for p in pair] for pair in protocols], np.float32)
-    limits = np.array([[p.env_params.max_steps_in_episode for p in pair] for pair in protocols],
-                      np.int32)
+    sticky, limits = (np.stack(x) for x in zip(*[protocol_settings(
+        env_id, env_params, [PROTOCOL_OF[EVALUATIONS[i][0]] for i in pair]) for pair in pairs]))
     share = -(-num_episodes // mesh.size)  # each device's episodes; the last may play extra ones
     num_recorded = min(8, num_episodes)
 
     def evaluate_share(key, params, greedy, sticky, limit):
-        def one(config):
-            params_one = env_params.replace(
-                sticky_action_prob=config[1],
-                env_params=env_params.env_params.replace(max_steps_in_episode=config[2]))
-            return evaluate(key, params, config[0], env=env, env_params=params_one, act=act,
-                            num_episodes=share, max_steps=int(limits.max()) + 1,
-                            num_recorded=num_recorded, record_steps=RECORD_STEPS,
-                            first_episode=jax.lax.axis_index("data") * share)
-        results = jax.lax.map(one, (greedy, sticky, limit))
+        results = evaluate_each(key, params, greedy, sticky, limit, env=env,
+                                env_params=env_params, act=act, num_episodes=share,
+                                max_steps=int(limits.max()) + 1, num_recorded=num_recorded,
+                                record_steps=RECORD_STEPS,
+                                first_episode=jax.lax.axis_index("data") * share)
         return results._replace(frames=results.frames[None])  # one device's recordings
 
     evaluate_split = jax.shard_map(
