@@ -309,10 +309,11 @@ def test_the_harness_trains_pqn_for_two_seeds_and_says_so(pqn_run):
 def test_the_harness_scores_pqn_by_the_argmax_of_its_q_values(monkeypatch):
     # The harness plays the script's headline policy: PQN's own test protocol, argmax Q.
     played = []
-    evaluate = tune.evaluate
-    monkeypatch.setattr(tune, "evaluate", lambda *a, **k: played.append(a[2]) or evaluate(*a, **k))
+    evaluate_each = tune.evaluate_each
+    monkeypatch.setattr(tune, "evaluate_each",
+                        lambda *a, **k: played.append(a[2].tolist()) or evaluate_each(*a, **k))
     tune.train_seeds(pqn_tiny_args(), [1], eval_episodes=4, num_chunks=1, num_devices=1)
-    assert pqn.HEADLINE_POLICY == "greedy" and played == [True, True]  # both protocols
+    assert pqn.HEADLINE_POLICY == "greedy" and played == [[True, True]]  # both protocols
 
 
 def test_a_pqn_seed_trains_the_same_beside_another_seed_as_alone(pqn_run):
