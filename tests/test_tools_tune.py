@@ -141,15 +141,20 @@ def test_a_killed_harness_run_resumes_from_its_last_chunk_bit_for_bit(tmp_path, 
 
 def test_a_seed_trains_the_same_beside_any_seeds_on_any_number_of_devices(whole_run):
     # Seeds 1-3 on two devices (one padding seed; each device's two in a lax.map), with
-    # --stability's record, against seed 2 alone on one device (no loop around it), without it.
+    # --stability's record, against seed 1 alone on one device (no loop around it), without it,
+    # its evaluation compiled in a thread while it trains (an accelerator's way). Seed 1's trained
+    # policy scores apart from its initial one (0.375 against 0.25): an evaluation of the wrong
+    # network shows.
     together = whole_run
     cfg = ppo.fill_runtime_fields(ppo.Args(
         total_timesteps=8192, num_envs=16, num_steps=128, num_minibatches=4, update_epochs=1))
-    alone = tune.train_seeds(cfg, [2], eval_episodes=8, num_chunks=4, num_devices=1)
+    alone = tune.train_seeds(cfg, [1], eval_episodes=8, num_chunks=4, num_devices=1,
+                             evaluation_beside_training=True)
     assert together["seeds"] == [1, 2, 3] and len(together["eval_returns"]) == 3
-    assert alone.eval_returns.tolist() == together["eval_returns"][1:2]
-    assert alone.return_sums.tolist() == together["curve"]["return_sums"][1:2]
-    assert alone.episodes.tolist() == together["curve"]["episodes"][1:2]
+    assert alone.eval_returns.tolist() == together["eval_returns"][:1]
+    assert alone.eval_returns_minatar.tolist() == together["eval_returns_minatar"][:1]
+    assert alone.return_sums.tolist() == together["curve"]["return_sums"][:1]
+    assert alone.episodes.tolist() == together["curve"]["episodes"][:1]
     # the seeds do differ
     assert together["curve"]["return_sums"][0] != together["curve"]["return_sums"][1]
 

@@ -31,6 +31,7 @@ Run:  python tools/tune.py --num-seeds 8 --ppo.gae-lambda 0.95 --out lambda95.js
       python tools/tune.py --script pqn_minatar --num-seeds 8 --pqn.q-lambda 0.8
 """
 
+import concurrent.futures
 import copy
 import dataclasses
 import functools
@@ -197,14 +198,14 @@ class SeedsResult(NamedTuple):
     return_sums: np.ndarray
     episodes: np.ndarray  # (seeds, chunks) the number of those episodes
     chunk_steps: list[int]  # environment steps per seed done at the end of each chunk
-    compile_seconds: float
+    compile_seconds: float  # compiling before training, and waiting for it after (not beside it)
     train_seconds: float
     eval_seconds: float
     # per seed: logit_gap_max, log_ratio_min, log_ratio_max, non_finite
     stability: dict | None = None
     vmap_seeds: int = 1  # seeds trained side by side on each device
     # seconds to set up: the seeds' initial states (compiled and run), the training chunk's program
-    # (compiled), the evaluation's (compiled)
+    # (compiled), the evaluation's (compiled; beside training on a GPU or TPU)
     compile_parts: dict | None = None
     # with both_policies, the other policy's (seeds,) returns: gymnax's and MinAtar's protocol
     other_returns: np.ndarray | None = None
@@ -353,7 +354,8 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
                 stability: bool = False, checkpoint_path: str = "",
                 vmap_seeds: int = 0,
                 on_compiled: Callable[[str, float], None] | None = None,
-                both_policies: bool = False) -> SeedsResult:
+                both_policies: bool = False,
+                evaluation_beside_training: bool | None = None) -> SeedsResult:
     """Trains and evaluates `cfg` (a script's Args, whose module is the script) for each seed, with
     what the script's make_agent hands over. `cfg` must have its runtime fields filled.
 
@@ -363,6 +365,9 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
     what is there (see read_checkpoint). As each program is compiled, on_compiled(part, seconds)
     hears of it (the seeds' initial states, the training chunk, the evaluation). With
     `both_policies`, the script's other policy is evaluated too, on the same episodes' keys.
+    With `evaluation_beside_training` (None: on a GPU or TPU, whose host idles while it trains;
+    a CPU's training would share its cores), the evaluation compiles in a thread while the seeds
+    train; compile_seconds then counts only what is left of it when training ends.
     """
     script, cfg = script_of(cfg), copy.copy(cfg)
     if not stability:  # what only adds logging is off (--stability reads PPO's diagnostics)
@@ -462,9 +467,28 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
     train = jax.jit(per_device(train_chunk, 1), donate_argnums=0).lower(
         runners, jnp.int32(iteration_counts[0])).compile()
     compiled("train")
-    evaluate_all = jax.jit(per_device(lambda x: evaluate_seed(*x))).lower(
-        (agent.params(runners), eval_keys)).compile()
-    compiled("evaluate")
+    # The evaluation compiles from its inputs' shapes and placements (training donates the arrays
+    # themselves). Beside training, the host's cores would otherwise idle while the device trains.
+    evaluate_like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                                                sharding=x.sharding),
+                                 (agent.params(runners), eval_keys))
+
+    def compile_evaluation():
+        start = time.time()
+        program = jax.jit(per_device(lambda x: evaluate_seed(*x))).lower(evaluate_like).compile()
+        compile_parts["evaluate"] = time.time() - start
+        if on_compiled is not None:
+            on_compiled("evaluate", compile_parts["evaluate"])
+        return program
+
+    if evaluation_beside_training is None:
+        evaluation_beside_training = jax.devices()[0].platform != "cpu"
+    if evaluation_beside_training:
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        evaluate_all = pool.submit(compile_evaluation)
+        pool.shutdown(wait=False)  # its thread ends with the compile
+    else:
+        evaluate_all = compile_evaluation()
     compile_seconds = time.time() - compile_start
 
     chunk_steps = [sum(iteration_counts[:chunk + 1]) * cfg.steps_per_iteration
@@ -494,6 +518,10 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
                      episodes[-1])
     train_seconds = time.time() - train_start
 
+    if evaluation_beside_training:  # the wait for its compile counts as compiling
+        wait_start = time.time()
+        evaluate_all = evaluate_all.result()
+        compile_seconds += time.time() - wait_start
     eval_start = time.time()
     results = evaluate_all((agent.params(runners), eval_keys))
     # (seeds, policies, protocols)
