@@ -1,6 +1,7 @@
 """Tests of utils/training.py: the run around a script's training loop, taken through a minimal
 script that keeps the contract (tests/tiny_pg.py). It trains with checkpoints, a run stopped by
-SIGTERM resumes to the uninterrupted run bit for bit, its saved model plays to the training run's
+SIGTERM resumes to the uninterrupted run bit for bit (its evaluation compiled beside training, as
+on an accelerator), its saved model plays to the training run's
 own evaluation, and each update step takes over the state before it. Each script's own runs, the
 way a user runs them: test_<script>_run.py."""
 
@@ -58,7 +59,10 @@ def test_training_checkpoints_resume_and_load_model(tmp_path, monkeypatch):
     assert stopped.returncode == 143, stopped.stderr
     run_dir = only_run_dir(tmp_path / "stopped")
     assert read_summary(run_dir)["global_step"] == 3 * 256
-    resumed = run_main(tiny_pg, tmp_path / "stopped", "--resume", run_dir)
+    # Resumed with its evaluation compiled in a thread while it trains (a GPU's or TPU's way).
+    with monkeypatch.context() as patch:
+        patch.setattr(training.Run, "evaluation_beside_training", True)
+        resumed = run_main(tiny_pg, tmp_path / "stopped", "--resume", run_dir)
     assert resumed.returncode == 0, resumed.stderr
     assert ends_with(run_dir) == ends_with(whole_dir)
 

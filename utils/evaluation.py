@@ -285,11 +285,14 @@ def make_evaluate_pair(env: Any, env_id: str, env_params: Any, act: Callable,
 def compile_final_evaluation(env: Any, env_id: str, env_params: Any, act: Callable,
                              num_episodes: int, num_devices: int, key: jax.Array,
                              params: Any) -> Callable:
-    """`make_evaluate_pair` compiled ahead of time for `params`' shapes: play(params, policy) starts
-    the pair of EVALUATION_PAIRS[policy] ("sampled" or "greedy") with `key` and returns at once."""
+    """`make_evaluate_pair` compiled ahead of time for `params`' shapes (arrays or
+    jax.ShapeDtypeStructs): play(params, policy) starts the pair of EVALUATION_PAIRS[policy]
+    ("sampled" or "greedy") with `key` and returns at once."""
     evaluate_pair, mesh = make_evaluate_pair(env, env_id, env_params, act, num_episodes,
                                              num_devices)
     replicated = NamedSharding(mesh, P())
-    compiled = evaluate_pair.lower(key, jax.device_put(params, replicated), 0).compile()
+    like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+                        params)
+    compiled = evaluate_pair.lower(key, like, 0).compile()
     index = {policy: i for i, policy in enumerate(EVALUATION_PAIRS)}
     return lambda params, policy: compiled(key, jax.device_put(params, replicated), index[policy])

@@ -16,6 +16,7 @@ logging. What is logged, checkpointed and evaluated, and where Ctrl-C or a non-f
 is what it would be if each step were read before the next began, as it is on a CPU, where the
 host's work would share the cores with the step's (`end_iteration` reads it there)."""
 
+import concurrent.futures
 import dataclasses
 import os
 import sys
@@ -121,6 +122,11 @@ class Run:
     of training; on leaving, summary.json is written however the run ended, and `exit_code` says
     how."""
 
+    # The final evaluation compiles in a thread while training runs (True), or before it (False);
+    # None: beside training on a GPU or TPU, whose host idles while the device trains, before it
+    # on a CPU, whose cores training takes.
+    evaluation_beside_training: bool | None = None
+
     def __init__(self, script, args, agent, env, env_params):
         self.script, self.args, self.agent = script.__file__, args, agent
         self.params = None  # --load-model's; after a non-finite stop, those from before it
@@ -182,11 +188,37 @@ class Run:
                                                 args.resume, like, shardings)
             else:
                 self.state = init(runner_key)
-        self.play = evaluation.compile_final_evaluation(
-            env, args.env_id, env_params, agent.act, args.eval_episodes, args.num_devices,
-            eval_key, self.parameters(self.state))
-        startup.release_freed_memory()  # what the compiler used
+        # From the parameters' shapes: training takes over (donates) the arrays themselves.
+        params_like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                   self.parameters(self.state))
+
+        def compile_evaluation() -> Callable:
+            play = evaluation.compile_final_evaluation(
+                env, args.env_id, env_params, agent.act, args.eval_episodes, args.num_devices,
+                eval_key, params_like)
+            startup.release_freed_memory()  # what the compiler used
+            return play
+
+        beside = self.evaluation_beside_training
+        if beside if beside is not None else self.late and not args.load_model:
+            pool = concurrent.futures.ThreadPoolExecutor(1)
+            self._play = pool.submit(compile_evaluation)
+            pool.shutdown(wait=False)  # its thread ends with the compile
+        else:
+            self._play = compile_evaluation()
         return start
+
+    @property
+    def play(self) -> Callable:
+        """The compiled final evaluation (compile_final_evaluation's play); where it compiles beside
+        training, the first call waits for it, and the wait counts in compile_seconds."""
+        if isinstance(self._play, concurrent.futures.Future):
+            waited = time.time()
+            self._play = self._play.result()
+            self.compile_seconds += time.time() - waited
+            if getattr(self, "summary", None) is not None:
+                self.summary["compile_seconds"] = self.compile_seconds
+        return self._play
 
     def __enter__(self) -> "Run":
         args = self.args
