@@ -135,6 +135,7 @@ class Run:
         # 0.86-0.94x): there each iteration is read as soon as it is queued, as before.
         self.late = jax.devices()[0].platform != "cpu"
         self.status = None  # how training ended: completed, interrupted or non_finite
+        self.summary = None  # summary.json's contents, from the run's start
         self.headline = script.HEADLINE_POLICY
         self.network_args = script.NETWORK_ARGS
         compile_start = time.time()
@@ -200,7 +201,9 @@ class Run:
             return play
 
         beside = self.evaluation_beside_training
-        if beside if beside is not None else self.late and not args.load_model:
+        if beside is None:  # by device; with --load-model no training hides the compile
+            beside = self.late and not args.load_model
+        if beside:
             pool = concurrent.futures.ThreadPoolExecutor(1)
             self._play = pool.submit(compile_evaluation)
             pool.shutdown(wait=False)  # its thread ends with the compile
@@ -216,7 +219,7 @@ class Run:
             waited = time.time()
             self._play = self._play.result()
             self.compile_seconds += time.time() - waited
-            if getattr(self, "summary", None) is not None:
+            if self.summary is not None:  # made once the run has begun
                 self.summary["compile_seconds"] = self.compile_seconds
         return self._play
 
