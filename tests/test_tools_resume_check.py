@@ -6,6 +6,7 @@ one line."""
 import json
 import os
 import shutil
+import subprocess
 import sys
 
 import numpy as np
@@ -153,3 +154,13 @@ def test_the_chunks_a_harness_run_trained_are_read_from_its_progress_lines():
     output = ("compiled train in 1.0 s\nchunk  3/10 |     6,144 of 20,480 steps per seed | ...\n"
               "chunk 10/10 |    20,480 of 20,480 steps per seed | ...\n{\n \"chunk\": 1\n}\n")
     assert resume_check.chunk_numbers(output) == [3, 10]
+
+
+def test_importing_the_tool_starts_no_jax_backend():
+    # On a TPU only one process may hold the chip: the tool's parent process must leave it to the
+    # runs it starts (importing the harness had, through gymnax's import-time arrays).
+    code = ("import sys; sys.argv = ['x']; import tools.resume_check; "
+            "from jax._src import xla_bridge; print(sorted(xla_bridge._backends))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=resume_check.ROOT, capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "[]"

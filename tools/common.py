@@ -25,6 +25,9 @@ from utils import files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUMMARY_PREFIX = "summary: "
+# The harness's (tools/tune.py) checkpoint in its --checkpoint-dir; named here so that a tool that
+# runs the harness as a process can read it without importing the harness, whose imports start JAX.
+HARNESS_CHECKPOINT = "tune_checkpoint.safetensors"
 
 
 class Run(NamedTuple):

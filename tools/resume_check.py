@@ -36,7 +36,6 @@ import tyro
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from tools import common  # noqa: E402
-from tools.tune import CHECKPOINT  # noqa: E402
 from utils import checkpoint  # noqa: E402
 
 # What the harness's result holds of the training and its evaluation (not its timings or command).
@@ -213,7 +212,8 @@ def check_harness(flags: list[str], count: int) -> dict:
                     signal.SIGKILL, expected=-signal.SIGKILL)
         seconds["stopped"] = time.time() - start_time
         # Where the killed run's last checkpoint stands: the run again must go on from there.
-        with safetensors.safe_open(os.path.join(work, "chunks", CHECKPOINT), "numpy") as f:
+        saved = os.path.join(work, "chunks", common.HARNESS_CHECKPOINT)
+        with safetensors.safe_open(saved, "numpy") as f:
             done = int(json.loads(f.metadata()["chunks_done"]))
         start_time = time.time()
         trained = chunk_numbers(run(resumed, work))

@@ -260,7 +260,7 @@ def find_harness_error(args: Args) -> str | None:
 # --------------------------------------------------------------------------------------------------
 # Checkpoints: a killed many-seed run resumes from its last chunk
 # --------------------------------------------------------------------------------------------------
-CHECKPOINT = "tune_checkpoint.safetensors"
+CHECKPOINT = common.HARNESS_CHECKPOINT
 
 
 def not_used(script) -> set[str]:
