@@ -8,11 +8,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from gymnax.environments.minatar import seaquest_helpers
 from minatar import Environment
 
 from probe_envs import ProbeEnv
 from utils import evaluation, visualize
-from utils.env import StickyActions, StickyParams, make_env
+from utils.env import SEAQUEST_ROWS, StickyActions, StickyParams, make_env, set_seaquest_rows
 
 
 # --------------------------------------------------------------------------------------------------
@@ -67,6 +68,68 @@ def test_sticky_actions_repeat_the_executed_action_with_the_given_probability():
     assert (abs((executed == previous)[first].mean() - prob)
             < 4 * np.sqrt(prob * (1 - prob) / first.sum()))
 
+
+
+# --------------------------------------------------------------------------------------------------
+# Seaquest in buffers of 32 rows, not gymnax's 100
+# --------------------------------------------------------------------------------------------------
+def play_seaquest(rows: int, env_params, num_envs: int = 16, steps: int = 300):
+    """`steps` steps of `num_envs` Seaquest games with buffers of `rows` rows, from reset: half
+    the games NOOP at every step, half play a uniform random action at half the steps. Returns
+    (observations, rewards, dones) and the most alive at once of each kind of entity and of
+    enemies."""
+    env, _ = gymnax.make("Seaquest-MinAtar")
+    step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+    fire = jnp.arange(num_envs) % 2 * 0.5  # the chance of a random action
+
+    def play(key):  # a new function each call: traced under the rows set now
+        _, state = jax.vmap(env.reset, in_axes=(0, None))(jax.random.split(key, num_envs),
+                                                           env_params)
+
+        def one(state, key):
+            action_key, draw_key, step_key = jax.random.split(key, 3)
+            action = jnp.where(jax.random.uniform(draw_key, (num_envs,)) < fire,
+                               jax.random.randint(action_key, (num_envs,), 0, env.num_actions), 0)
+            obs, state, reward, terminated, truncated, _ = step(
+                jax.random.split(step_key, num_envs), state, action, env_params)
+            alive = jnp.stack([state.f_bullet_count, state.e_bullet_count, state.e_fish_count,
+                               state.e_subs_count, state.divers_count,
+                               state.e_fish_count + state.e_subs_count])
+            return state, (jnp.packbits(obs.astype(bool), axis=-1), reward,
+                           terminated | truncated, alive.max(-1))
+
+        _, out = jax.lax.scan(one, state, jax.random.split(key, steps))
+        return out
+
+    rows_before = seaquest_helpers.MAX_ENTITIES
+    set_seaquest_rows(rows)
+    try:
+        obs, reward, done, alive = jax.device_get(jax.jit(play)(jax.random.key(3)))
+    finally:
+        set_seaquest_rows(rows_before)
+    return (obs, reward, done), alive.max(0)
+
+
+def test_seaquest_in_32_rows_plays_as_in_gymnaxs_100():
+    # In the fastest regime, where a long episode ramps to (an enemy spawns every step and moves
+    # every third), NOOP keeps the player on the surface, so nothing is shot and every enemy
+    # crosses the whole board: the most the buffers ever hold.
+    _, env_params = gymnax.make("Seaquest-MinAtar")
+    fastest = env_params.replace(init_spawn_speed=1, init_move_interval=2)
+    gymnax_own, alive = play_seaquest(100, fastest)
+    ours, _ = play_seaquest(SEAQUEST_ROWS, fastest)
+    for a, b in zip(gymnax_own, ours):
+        np.testing.assert_array_equal(a, b)
+    assert gymnax_own[2].any()  # episodes ended and restarted on the way
+    # player's torpedoes, enemies' torpedoes, fish, subs, divers; enemies
+    assert alive.max() <= 30, alive
+    assert alive[-1] >= 20, alive  # crowded: the test reaches what 32 rows must hold
+
+
+def test_make_env_plays_seaquest_in_32_rows():
+    env, env_params = make_env("Seaquest-MinAtar", 0.0)
+    _, state = env.reset(jax.random.key(0), env_params)
+    assert state.env_state.e_fish.shape[0] == SEAQUEST_ROWS
 
 
 # --------------------------------------------------------------------------------------------------

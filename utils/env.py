@@ -47,7 +47,26 @@ class StickyActions(GymnaxWrapper):
         return obs, state, reward, terminated, truncated, info
 
 
+# gymnax 1.0.1's Seaquest keeps each kind of entity in a buffer of 100 rows and tests every pair of
+# rows for collisions each step, which makes its step 25-130 times another game's
+# (speed/env_step.py). No more than 30 of a kind are ever alive: an enemy spawns at most once a step
+# and leaves the board within 29 steps at the fastest speed the game ramps to; a sub fires once in
+# 11 steps and its torpedo lives 10, and a new sub waits 10 before it fires; the player's torpedoes
+# (one in 6 steps) and divers (one in 31) are fewer. In 32 rows the game plays as in 100, bit for
+# bit (tests/test_utils_env.py plays its fastest regime both ways).
+SEAQUEST_ROWS = 32
+
+
+def set_seaquest_rows(rows: int) -> None:
+    """Seaquest's entity buffers hold `rows` rows from here on (gymnax's own: 100). gymnax reads the
+    size from module globals when a step is traced: programs traced before keep theirs."""
+    from gymnax.environments.minatar import seaquest, seaquest_helpers
+    seaquest.MAX_ENTITIES = seaquest_helpers.MAX_ENTITIES = rows
+
+
 def make_env(env_id: str, sticky_action_prob: float) -> tuple[StickyActions, StickyParams]:
+    if env_id == "Seaquest-MinAtar":
+        set_seaquest_rows(SEAQUEST_ROWS)
     env, env_params = gymnax.make(env_id)
     return StickyActions(env), StickyParams(env_params, sticky_action_prob)
 
