@@ -8,6 +8,7 @@ cannot exceed the last for its game (DQN's 32 environments per seed, ten seeds s
 
 Run:  python speed/env_step.py --out env_step.json
       python speed/env_step.py --games Seaquest-MinAtar Freeway-MinAtar --num-envs 320
+      python speed/env_step.py --games Seaquest-MinAtar --seaquest-rows 100 32   # gymnax's, ours
 """
 
 import dataclasses
@@ -22,7 +23,7 @@ import jax  # noqa: E402
 import tyro  # noqa: E402
 
 from tools import common  # noqa: E402
-from utils.env import make_env  # noqa: E402
+from utils.env import make_env, set_seaquest_rows  # noqa: E402
 
 GAMES = ("Asterix-MinAtar", "Breakout-MinAtar", "Freeway-MinAtar", "Seaquest-MinAtar",
          "SpaceInvaders-MinAtar")
@@ -40,6 +41,9 @@ class Args:
     """timed calls per game, after one that compiles"""
     sticky_action_prob: float = 0.1
     """the scripts' training default"""
+    seaquest_rows: tuple[int, ...] = ()
+    """Seaquest timed with its entity buffers at each of these sizes, one row each (gymnax's own:
+    100; the scripts': utils.env.SEAQUEST_ROWS); none: as the scripts make it"""
     out: str = ""
     """write the JSON here (it is printed either way)"""
 
@@ -66,8 +70,10 @@ def steps_program(env, env_params, num_envs: int, steps: int):
     return jax.jit(run)
 
 
-def time_game(env_id: str, bench: Args) -> dict:
+def time_game(env_id: str, bench: Args, seaquest_rows: int = 0) -> dict:
     env, env_params = make_env(env_id, bench.sticky_action_prob)
+    if seaquest_rows:  # after make_env, which sets the scripts' size; read when traced
+        set_seaquest_rows(seaquest_rows)
     run = steps_program(env, env_params, bench.num_envs, bench.steps)
     start = time.perf_counter()
     jax.block_until_ready(run(jax.random.key(0)))
@@ -78,7 +84,8 @@ def time_game(env_id: str, bench: Args) -> dict:
         jax.block_until_ready(run(jax.random.key(repeat + 1)))
         seconds.append(time.perf_counter() - start)
     median = statistics.median(seconds)
-    return {"game": env_id, "ms_per_step": 1e3 * median / bench.steps,
+    return {"game": env_id, **({"seaquest_rows": seaquest_rows} if seaquest_rows else {}),
+            "ms_per_step": 1e3 * median / bench.steps,
             "env_steps_per_second": bench.num_envs * bench.steps / median,
             "seconds": seconds, "first_call_seconds": compile_seconds}
 
@@ -89,6 +96,8 @@ def main() -> None:
                   for name in ("num_envs", "steps", "repeats") if getattr(bench, name) <= 0), None)
     if error is None and not bench.games:
         error = "--games names no game"
+    if error is None and any(rows <= 0 for rows in bench.seaquest_rows):
+        error = f"--seaquest-rows must be positive, got {min(bench.seaquest_rows)}"
     if error:
         common.fail(error)
     common.check_out(bench.out)
@@ -98,9 +107,12 @@ def main() -> None:
         except (ValueError, KeyError) as e:
             common.fail(f"--games {env_id}: {str(e).splitlines()[0] if str(e) else 'unknown'}")
     rows = []
-    for env_id in bench.games:
-        rows.append(time_game(env_id, bench))
-        print(f"{env_id}: {rows[-1]['ms_per_step']:.2f} ms per step of {bench.num_envs} "
+    timed = [(env_id, size) for env_id in bench.games
+             for size in (bench.seaquest_rows if env_id == "Seaquest-MinAtar" else ()) or [0]]
+    for env_id, size in timed:
+        rows.append(time_game(env_id, bench, size))
+        label = f"{env_id} ({size} rows)" if size else env_id
+        print(f"{label}: {rows[-1]['ms_per_step']:.2f} ms per step of {bench.num_envs} "
               f"environments, {rows[-1]['env_steps_per_second']:,.0f} steps/s", file=sys.stderr,
               flush=True)
     common.write_report(common.new_report(

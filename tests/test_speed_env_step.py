@@ -36,8 +36,30 @@ def test_it_times_each_game_and_reports_the_median_call(tmp_path):
     assert report["num_envs"] == 8 and "machine" in report
 
 
+def test_seaquest_is_timed_at_each_buffer_size_asked(tmp_path, monkeypatch):
+    traced_at = []
+    program = env_step.steps_program
+
+    def recording(*args):  # the size gymnax reads when the step is traced
+        from gymnax.environments.minatar import seaquest_helpers
+        traced_at.append(seaquest_helpers.MAX_ENTITIES)
+        return program(*args)
+
+    monkeypatch.setattr(env_step, "steps_program", recording)
+    monkeypatch.setattr(env_step.sys, "argv", [
+        "env_step.py", "--games", "Seaquest-MinAtar", "Breakout-MinAtar", "--seaquest-rows", "100",
+        "32", "--num-envs", "2", "--steps", "2", "--repeats", "1", "--out",
+        str(tmp_path / "steps.json")])
+    env_step.main()
+    report = json.loads((tmp_path / "steps.json").read_text())
+    assert [(row["game"], row.get("seaquest_rows")) for row in report["rows"]] == [
+        ("Seaquest-MinAtar", 100), ("Seaquest-MinAtar", 32), ("Breakout-MinAtar", None)]
+    assert traced_at[:2] == [100, 32]
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--steps", "0"], "error: --steps must be positive, got 0"),
+    (["--seaquest-rows", "0"], "error: --seaquest-rows must be positive, got 0"),
     (["--games", "Nope-MinAtar"],
      "error: --games Nope-MinAtar: Nope-MinAtar is not in registered gymnax environments."),
 ])
