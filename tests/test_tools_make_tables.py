@@ -76,6 +76,16 @@ def test_per_protocol_rows_and_pooled_files(monkeypatch):
         "| MinAtar's | 1.0, 2.0, 3.0, 4.0, 5.0, 6.0 | 6 |"]
 
 
+def test_a_row_shows_the_results_its_also_names_beside_its_own(monkeypatch):
+    # {pqn.mean:g} reads the file the row's `also` names pqn, all its seeds; {mean:g} the row's.
+    monkeypatch.setattr(make_tables, "load", lambda path: FAKE[path])
+    table = {"kind": "results", "head": "| h |", "rule": "|---|",
+             "cells": ["{per_seed:g}", "{pqn.per_seed:g}", "{pqn.per_seed:m}", "{pqn.n}"],
+             "rows": [{"file": "b.json", "also": {"pqn": "a.json"}}]}
+    assert make_tables.results_table(table).splitlines()[2:] == [
+        "| 30.0, 40.0 | 100.0, 100.0, 10.0, 20.0 | 1.0, 2.0, 3.0, 4.0 | 4 |"]
+
+
 def test_every_evidence_row_changes_the_one_argument_its_file_names():
     (evidence,) = [t for t in make_tables.manifest()["table"] if t["id"] == "evidence"]
     for row in evidence["rows"][1:]:

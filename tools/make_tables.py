@@ -202,7 +202,8 @@ def commands_block(table: dict) -> str:
 
 # --------------------------------------------------------------------------------------------------
 # Cells: `{name}` or `{name:p}` with p a protocol (g: gymnax's, m: MinAtar's); `{base.name:p}`
-# reads the row's baseline; a row's own keys are cells too
+# reads the row's baseline, `{NAME.name:p}` the result the row's `also` names NAME (all its seeds);
+# a row's own keys are cells too
 # --------------------------------------------------------------------------------------------------
 def ci(x: dict, fmt: str = "{:.1f}") -> str:
     if x["ci"] is None:  # one seed
@@ -295,14 +296,15 @@ WHOLE = {  # cells of a whole result r (and its baseline b)
     "changed": changed,
     "changed_value": lambda r, b: show(next(iter(r["changed_args"].values()))),
 }
-CELL = re.compile(r"\{(base\.)?(\w+)(?::(\w))?\}")
+CELL = re.compile(r"\{(?:(\w+)\.)?(\w+)(?::(\w))?\}")
 
 
-def cell(template: str, row: dict, r: dict, b: dict | None, protocol: str) -> str:
+def cell(template: str, row: dict, r: dict, b: dict | None, protocol: str,
+         also: dict | None = None) -> str:
     def one(match):
-        on_base, name, p = match.groups()
+        on, name, p = match.groups()
         p = protocol if p == "p" else p
-        who, other = (b, None) if on_base else (r, b)
+        who, other = (r, b) if on is None else (b, None) if on == "base" else (also[on], None)
         if name in ONE:
             key = PROTOCOLS[p][0]
             return ONE[name](who[key], other[key] if other else None)
@@ -330,11 +332,13 @@ def results_table(table: dict) -> str:
         r = result_of(row["file"], row.get("seeds"), row.get("policy"))
         b = result_of(row["base"], r["seeds"] if row.get("paired", True) else None,
                       row.get("base_policy")) if "base" in row else None
+        also = {name: result_of(file) for name, file in row.get("also", {}).items()}
         for protocol in ("g", "m") if table.get("per_protocol") else ("g",):
             if "line" in row:  # the whole line as one template
-                lines.append(cell(row["line"], row, r, b, protocol))
+                lines.append(cell(row["line"], row, r, b, protocol, also))
                 continue
-            cells = [cell(c, row, r, b, protocol) for c in row.get("cells", table.get("cells"))]
+            cells = [cell(c, row, r, b, protocol, also)
+                     for c in row.get("cells", table.get("cells"))]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
