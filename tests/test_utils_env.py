@@ -73,7 +73,7 @@ def test_sticky_actions_repeat_the_executed_action_with_the_given_probability():
 # --------------------------------------------------------------------------------------------------
 # Seaquest in buffers of 32 rows, not gymnax's 100
 # --------------------------------------------------------------------------------------------------
-def play_seaquest(rows: int, env_params, num_envs: int = 16, steps: int = 300):
+def play_seaquest(rows: int, env_params, num_envs: int = 16, steps: int = 150):
     """`steps` steps of `num_envs` Seaquest games with buffers of `rows` rows, from reset: half
     the games NOOP at every step, half play a uniform random action at half the steps. Returns
     (observations, rewards, dones) and the most alive at once of each kind of entity and of
