@@ -51,6 +51,16 @@ def test_a_harness_run_killed_and_run_again_is_found_identical(tmp_path):
     assert report["resumed_after_chunk"] == 2
 
 
+def test_a_harness_run_killed_after_its_last_chunk_evaluates_as_the_whole_run(tmp_path):
+    # Killed after the last chunk's checkpoint, in its evaluation: the run again trains nothing
+    # and evaluates the restored seeds.
+    result = check(tmp_path, "--harness", "--stop-after", "4", "--out", "r.json",
+                   "--script-args=--num-seeds 2 --num-chunks 4 --tiny.total-timesteps 8192")
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["identical"] and report["resumed_after_chunk"] == report["chunks"] == 4
+
+
 def a_run(tmp_path) -> str:
     import tiny_pg
 

@@ -57,7 +57,8 @@ class Args:
     stop_after: int = 3
     """stop the second run after this many progress lines (the script's: one each tenth of
     training; the harness's: one per chunk), fewer than it prints: a run already at its end has
-    nothing left to resume"""
+    nothing left to resume. The harness's last chunk may be given: killed after it, the run
+    again only restores its seeds and evaluates them"""
     out: str = ""
     """write the JSON here (it is printed either way)"""
 
@@ -222,7 +223,7 @@ def check_harness(flags: list[str], count: int) -> dict:
             with open(os.path.join(work, name)) as f:
                 results.append(json.load(f))
     chunks = len(results[0]["curve"]["steps"])
-    if not count <= done < chunks or trained != list(range(done + 1, chunks + 1)):
+    if not count <= done <= chunks or trained != list(range(done + 1, chunks + 1)):
         common.fail(f"the run again trained chunks {trained} after a checkpoint of {done} of "
                     f"{chunks}: it did not go on from where it was killed")
     diff = [name for name in HARNESS_RESULTS if results[0].get(name) != results[1].get(name)]
