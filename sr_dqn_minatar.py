@@ -14,8 +14,9 @@ its transitions added to the buffer, then the chunk's gradient steps, then a res
 
 Read it top to bottom: arguments, network, rollout, buffer, the annealed n-step Double DQN target,
 loss, update, the reset, metrics and the argument checks, then `make_agent`, what the shared run
-loop in utils/training.py trains. dqn_minatar.py is the same agent at one replay ratio without
-resets; the buffer and its batches are written the same way here, so that this file reads alone.
+loop in utils/training.py trains. dqn_minatar.py is the agent it grew from (one replay ratio, no
+resets, a copied target, Adam, the online network acting, a fixed n and discount); the buffer and
+its batches are written the same way here, so that this file reads alone.
 
 Run:  python sr_dqn_minatar.py --total-timesteps 1000000
 Docs: docs/sr_dqn_minatar.md
