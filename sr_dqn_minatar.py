@@ -293,11 +293,10 @@ def max_n(args: Args) -> int:
 def make_buffer(args: Args):
     """Flashbax's trajectory buffer: one row of consecutive steps per environment, (num_envs,
     buffer_size // num_envs), sampled as windows of n_step_start consecutive steps (the longest
-    n) of one row, started
-    uniformly among those that lie wholly between the oldest step kept and the write head
-    (flashbax >= 0.1.3, PR #50). The windows thus never mix environments nor cross the
-    wrap-around; episode ends inside a window are n_step_return's to cut. window_indices
-    draws them as its `sample` does."""
+    n) of one row, started uniformly among those that lie wholly between the oldest step kept and
+    the write head (flashbax >= 0.1.3, PR #50). The windows thus never mix environments nor cross
+    the wrap-around; episode ends inside a window are n_step_return's to cut. window_indices draws
+    them as its `sample` does."""
     return fbx.make_trajectory_buffer(
         add_batch_size=args.num_envs, sample_batch_size=args.batch_size,
         sample_sequence_length=max_n(args), period=1, min_length_time_axis=max_n(args),

@@ -1,7 +1,7 @@
 """Tests of sr_dqn_minatar.py's functions against references: BBF's anneal of n and gamma, the
-annealed n-step window, the reset (shrink and perturb, fresh layers, fresh optimizer), its
-schedule, the EMA target, AdamW's decay, and the network that acts. Its runs:
-test_sr_dqn_minatar_run.py."""
+annealed n-step window, the batches (flashbax's windows, cut to each step's n), the reset (shrink
+and perturb, fresh layers, fresh optimizer), its schedule, the EMA target, AdamW's decay, and the
+network that acts. Its runs: test_sr_dqn_minatar_run.py."""
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +49,52 @@ def test_the_annealed_window_uses_its_first_n_steps_and_stops_at_an_episode_end(
         want = reference_n_step(reward, terminated, truncated, n, 0.95)
         np.testing.assert_allclose(got[:2], want[:2], rtol=1e-5, atol=1e-6)
         assert int(got[2]) == want[2]
+
+
+def random_history(num_envs: int, num_steps: int, seed: int) -> sr.Transition:
+    """Random rewards, actions, terminations and truncations (some steps both); obs marks its step
+    (env * num_steps + time) and next_obs the same plus 0.5, so that a sample shows where each of
+    its observations came from."""
+    rng = np.random.default_rng(seed)
+    step_id = np.arange(num_envs * num_steps, dtype=np.float32).reshape(num_envs, num_steps)
+    return sr.Transition(
+        obs=jnp.asarray(step_id)[..., None],
+        action=jnp.asarray(rng.integers(0, 6, (num_envs, num_steps)), jnp.int32),
+        reward=jnp.asarray(rng.uniform(-1, 1, (num_envs, num_steps)), jnp.float32),
+        terminated=jnp.asarray(rng.random((num_envs, num_steps)) < 0.12),
+        truncated=jnp.asarray(rng.random((num_envs, num_steps)) < 0.12),
+        next_obs=jnp.asarray(step_id + 0.5)[..., None])
+
+
+@pytest.mark.parametrize("num_steps", [10, 13, 40])  # barely sampleable, part-filled, wrapped
+@pytest.mark.parametrize("n", [3, 10])
+def test_the_batches_are_flashbaxs_windows_cut_to_this_steps_n(num_steps, n):
+    # sample_batch draws the windows of the longest n (10) as flashbax's sample does, key for key,
+    # and gathers only what the target reads: the first n steps' return, cut at an episode end,
+    # and the next_obs of the step it stops at.
+    args = sr.Args(num_envs=3, buffer_size=48, batch_size=256)
+    buffer = sr.make_buffer(args)
+    history = random_history(3, num_steps, seed=num_steps)
+    state = buffer.init(jax.tree.map(lambda x: x[0, 0], history))
+    for first in range(0, num_steps, 5):
+        state = buffer.add(state, jax.tree.map(lambda x: x[:, first:first + 5], history))
+    for seed in range(2):
+        key = jax.random.key(seed)
+        windows = jax.device_get(buffer.sample(state, key).experience)
+        batch = sr.sample_batch(state, key, jnp.asarray(n), jnp.asarray(0.9), args.batch_size,
+                                sr.max_n(args), sr.AS_IS)
+        expected = [reference_n_step(*(x[i] for x in windows[2:5]), n, 0.9)
+                    for i in range(args.batch_size)]
+        rewards, discounts, last = (np.array(column) for column in zip(*expected))
+        np.testing.assert_array_equal(batch.obs, windows.obs[:, 0])
+        np.testing.assert_array_equal(batch.action, windows.action[:, 0])
+        np.testing.assert_allclose(batch.reward, rewards, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(batch.discount, discounts, rtol=1e-6)
+        np.testing.assert_array_equal(batch.next_obs,
+                                      windows.next_obs[np.arange(args.batch_size), last])
+        # every window that is whole in the buffer can come up: 3 rows x (kept - 9) starts
+        kept = min(num_steps, args.buffer_size // args.num_envs)
+        assert len(set(np.asarray(batch.obs[:, 0]).tolist())) == 3 * (kept - 9)
 
 
 def tiny_state(seed=0):
