@@ -304,7 +304,7 @@ def cell(template: str, row: dict, r: dict, b: dict | None, protocol: str,
     def one(match):
         on, name, p = match.groups()
         p = protocol if p == "p" else p
-        who, other = (r, b) if on is None else (b, None) if on == "base" else (also[on], None)
+        who, other = (r, b) if on is None else (b if on == "base" else also[on], None)
         if name in ONE:
             key = PROTOCOLS[p][0]
             return ONE[name](who[key], other[key] if other else None)
