@@ -68,6 +68,22 @@ def network_args(args) -> dict:
     return {name: getattr(args, name) for name in ppo.NETWORK_ARGS}
 
 
+def random_history(transition: type, num_envs: int, num_steps: int, seed: int = 0):
+    """A replay script's `transition` (obs, action, reward, terminated, truncated, next_obs) for
+    num_envs x num_steps steps: random rewards, actions, terminations and truncations (some steps
+    both); obs marks its step (env * num_steps + time) and next_obs the same plus 0.5, so that a
+    sample shows where each of its observations came from."""
+    rng = np.random.default_rng(seed)
+    step_id = np.arange(num_envs * num_steps, dtype=np.float32).reshape(num_envs, num_steps)
+    return transition(
+        obs=jnp.asarray(step_id)[..., None],
+        action=jnp.asarray(rng.integers(0, 6, (num_envs, num_steps)), jnp.int32),
+        reward=jnp.asarray(rng.uniform(-1, 1, (num_envs, num_steps)), jnp.float32),
+        terminated=jnp.asarray(rng.random((num_envs, num_steps)) < 0.12),
+        truncated=jnp.asarray(rng.random((num_envs, num_steps)) < 0.12),
+        next_obs=jnp.asarray(step_id + 0.5)[..., None])
+
+
 def run_script(tmp_path, *flags, timeout=600):
     return subprocess.run([sys.executable, SCRIPT, *flags], cwd=tmp_path, capture_output=True,
                           text=True, timeout=timeout)

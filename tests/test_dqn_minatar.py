@@ -16,7 +16,7 @@ import pytest
 import rlax
 
 import dqn_minatar as dqn
-from helpers import GAMES
+from helpers import GAMES, random_history
 from probe_envs import ProbeEnv
 from utils import checkpoint, contract
 from utils.env import make_env
@@ -223,21 +223,6 @@ def test_sampling_returns_only_written_windows_of_one_environment_in_time_order(
     assert len(set(map(tuple, marks[:, 0:1].tolist()))) == 3 * (min(added, 10) - 2)
 
 
-def random_history(num_envs: int, num_steps: int, seed: int = 0) -> dqn.Transition:
-    """Random rewards, actions, terminations and truncations (some steps both); obs marks its step
-    (env * num_steps + time) and next_obs the same plus 0.5, so that a sample shows where each of
-    its observations came from."""
-    rng = np.random.default_rng(seed)
-    step_id = np.arange(num_envs * num_steps, dtype=np.float32).reshape(num_envs, num_steps)
-    return dqn.Transition(
-        obs=jnp.asarray(step_id)[..., None],
-        action=jnp.asarray(rng.integers(0, 6, (num_envs, num_steps)), jnp.int32),
-        reward=jnp.asarray(rng.uniform(-1, 1, (num_envs, num_steps)), jnp.float32),
-        terminated=jnp.asarray(rng.random((num_envs, num_steps)) < 0.12),
-        truncated=jnp.asarray(rng.random((num_envs, num_steps)) < 0.12),
-        next_obs=jnp.asarray(step_id + 0.5)[..., None])
-
-
 def filled_buffer(history: dqn.Transition, args: dqn.Args, chunk: int = 5):
     buffer = dqn.make_buffer(args)
     state = buffer.init(jax.tree.map(lambda x: x[0, 0], history))
@@ -251,7 +236,8 @@ def test_the_batches_are_flashbaxs_windows_key_for_key(num_steps):
     # sample_batch gathers only what the target reads; flashbax's sample gathers whole windows.
     # The same key must give the same windows, and so the same batch, bit for bit.
     args = dqn.Args(num_envs=3, buffer_size=48, batch_size=256, n_step=3)
-    buffer, state = filled_buffer(random_history(3, num_steps, seed=num_steps), args)
+    history = random_history(dqn.Transition, 3, num_steps, seed=num_steps)
+    buffer, state = filled_buffer(history, args)
     for seed in range(3):
         key = jax.random.key(seed)
         windows = buffer.sample(state, key).experience
@@ -288,7 +274,7 @@ def test_n_step_windows_match_a_plain_python_loop_across_episode_ends_and_the_wr
     # 2 environments x 60 steps, random rewards, terminations and truncations (some steps both),
     # into rows of 16 steps: the buffer wraps around three times. next_obs marks its step.
     num_envs, num_steps, n, gamma = 2, 60, 4, 0.9
-    history = random_history(num_envs, num_steps)
+    history = random_history(dqn.Transition, num_envs, num_steps)
     reward, terminated, truncated = (np.asarray(x) for x in history[2:5])
     args = dqn.Args(num_envs=num_envs, buffer_size=32, batch_size=512, n_step=n)
     _, state = filled_buffer(history, args)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import sr_dqn_minatar as sr
+from helpers import random_history
 from utils.env import make_env
 
 
@@ -51,21 +52,6 @@ def test_the_annealed_window_uses_its_first_n_steps_and_stops_at_an_episode_end(
         assert int(got[2]) == want[2]
 
 
-def random_history(num_envs: int, num_steps: int, seed: int) -> sr.Transition:
-    """Random rewards, actions, terminations and truncations (some steps both); obs marks its step
-    (env * num_steps + time) and next_obs the same plus 0.5, so that a sample shows where each of
-    its observations came from."""
-    rng = np.random.default_rng(seed)
-    step_id = np.arange(num_envs * num_steps, dtype=np.float32).reshape(num_envs, num_steps)
-    return sr.Transition(
-        obs=jnp.asarray(step_id)[..., None],
-        action=jnp.asarray(rng.integers(0, 6, (num_envs, num_steps)), jnp.int32),
-        reward=jnp.asarray(rng.uniform(-1, 1, (num_envs, num_steps)), jnp.float32),
-        terminated=jnp.asarray(rng.random((num_envs, num_steps)) < 0.12),
-        truncated=jnp.asarray(rng.random((num_envs, num_steps)) < 0.12),
-        next_obs=jnp.asarray(step_id + 0.5)[..., None])
-
-
 @pytest.mark.parametrize("num_steps", [10, 13, 40])  # barely sampleable, part-filled, wrapped
 @pytest.mark.parametrize("n", [3, 10])
 def test_the_batches_are_flashbaxs_windows_cut_to_this_steps_n(num_steps, n):
@@ -74,7 +60,7 @@ def test_the_batches_are_flashbaxs_windows_cut_to_this_steps_n(num_steps, n):
     # and the next_obs of the step it stops at.
     args = sr.Args(num_envs=3, buffer_size=48, batch_size=256)
     buffer = sr.make_buffer(args)
-    history = random_history(3, num_steps, seed=num_steps)
+    history = random_history(sr.Transition, 3, num_steps, seed=num_steps)
     state = buffer.init(jax.tree.map(lambda x: x[0, 0], history))
     for first in range(0, num_steps, 5):
         state = buffer.add(state, jax.tree.map(lambda x: x[:, first:first + 5], history))
