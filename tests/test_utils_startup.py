@@ -92,3 +92,10 @@ def test_glibc_gets_one_malloc_arena_per_core_unless_malloc_arena_max_is_set():
     cores = len(os.sched_getaffinity(0))
     assert mallopt_calls({}) == f"[({startup.M_ARENA_MAX}, {cores})]"
     assert mallopt_calls({"MALLOC_ARENA_MAX": "16"}) == "[]"
+
+
+def test_in_background_runs_the_function_in_a_thread_of_its_own():
+    import threading
+
+    future = startup.in_background(lambda: threading.current_thread())
+    assert future.result(timeout=10) is not threading.current_thread()

@@ -31,7 +31,6 @@ Run:  python tools/tune.py --num-seeds 8 --ppo.gae-lambda 0.95 --out lambda95.js
       python tools/tune.py --script pqn_minatar --num-seeds 8 --pqn.q-lambda 0.8
 """
 
-import concurrent.futures
 import copy
 import dataclasses
 import functools
@@ -483,12 +482,8 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
 
     if evaluation_beside_training is None:
         evaluation_beside_training = jax.devices()[0].platform != "cpu"
-    if evaluation_beside_training:
-        pool = concurrent.futures.ThreadPoolExecutor(1)
-        evaluate_all = pool.submit(compile_evaluation)
-        pool.shutdown(wait=False)  # its thread ends with the compile
-    else:
-        evaluate_all = compile_evaluation()
+    evaluate_all = (startup.in_background(compile_evaluation) if evaluation_beside_training
+                    else compile_evaluation())
     compile_seconds = time.time() - compile_start
 
     chunk_steps = [sum(iteration_counts[:chunk + 1]) * cfg.steps_per_iteration

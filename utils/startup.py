@@ -3,6 +3,7 @@ matrix-product precision and persistent compilation cache, configured one way fo
 point (scripts, harness, search, tests), so that every program computes alike and none writes
 cache entries another cannot read."""
 
+import concurrent.futures
 import contextlib
 import ctypes
 import gc
@@ -11,6 +12,8 @@ import os
 import pathlib
 import sys
 import types
+from collections.abc import Callable
+from typing import Any
 
 CACHE_MAX_BYTES = 2**30  # a search compiles a program per setting: the cache must not fill the disk
 # Imported on first use: seaborn, which gymnax imports for Pong's render alone (with pandas and
@@ -89,3 +92,12 @@ def release_freed_memory() -> None:
     gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def in_background(compile_fn: Callable[[], Any]) -> concurrent.futures.Future:
+    """compile_fn() started in a thread of its own, which ends with it: a program compiled while
+    the device trains, on a GPU or TPU, whose host would otherwise idle."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    future = pool.submit(compile_fn)
+    pool.shutdown(wait=False)
+    return future

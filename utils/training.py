@@ -203,12 +203,7 @@ class Run:
         beside = self.evaluation_beside_training
         if beside is None:  # by device; with --load-model no training hides the compile
             beside = self.late and not args.load_model
-        if beside:
-            pool = concurrent.futures.ThreadPoolExecutor(1)
-            self._play = pool.submit(compile_evaluation)
-            pool.shutdown(wait=False)  # its thread ends with the compile
-        else:
-            self._play = compile_evaluation()
+        self._play = startup.in_background(compile_evaluation) if beside else compile_evaluation()
         return start
 
     @property
