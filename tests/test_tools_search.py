@@ -63,6 +63,31 @@ def refusal(argv, monkeypatch, capsys) -> tuple[int, str, float]:
     return exit_.value.code, capsys.readouterr().err, time.time() - start
 
 
+@pytest.mark.parametrize("backend, cache_dir", [("cpu", "the-cache"), ("tpu", "")])
+def test_a_search_uses_jaxs_compilation_cache_on_the_cpu_only(tmp_path, monkeypatch, backend,
+                                                              cache_dir):
+    """As the harness (tools.tune.configure_jax): on a TPU a program read back from the cache
+    evaluated wrongly."""
+    given = []
+
+    def stop(cache):  # startup.configure_jax, the last step before the trials
+        given.append(cache)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(search.tune.jax, "default_backend", lambda: backend)
+    monkeypatch.setattr(search.tune.startup, "configure_jax", stop)
+    monkeypatch.setattr(sys, "argv", [SEARCH, *TINY, "--storage", str(tmp_path / "study.db"),
+                                      "--ppo.jax-cache-dir", "the-cache"])
+    verbosity = optuna.logging.get_verbosity()
+    try:
+        with pytest.raises(SystemExit), warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # as search.py
+            search.main()
+    finally:
+        optuna.logging.set_verbosity(verbosity)
+    assert given == [cache_dir]
+
+
 def load(storage) -> optuna.Study:
     return optuna.load_study(study_name="breakout-ppo", storage=f"sqlite:///{storage}")
 

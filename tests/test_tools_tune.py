@@ -54,6 +54,26 @@ def refusal(cwd, flags, monkeypatch, capsys) -> tuple[int, str, str]:
     return exit_.value.code, captured.out, captured.err
 
 
+@pytest.mark.parametrize("backend, cache_dir", [("cpu", "the-cache"), ("tpu", ""), ("gpu", "")])
+def test_the_harness_uses_jaxs_compilation_cache_on_the_cpu_only(tmp_path, monkeypatch, backend,
+                                                                 cache_dir):
+    """On a TPU an evaluation program read back from the cache evaluated wrongly
+    (tune.configure_jax): there the harness compiles its programs afresh."""
+    given = []
+
+    def stop(cache):  # startup.configure_jax, the last step before training
+        given.append(cache)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    monkeypatch.setattr(tune.startup, "configure_jax", stop)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", [TUNE, *TINY, "--ppo.jax-cache-dir", "the-cache"])
+    with pytest.raises(SystemExit):
+        tune.main()
+    assert given == [cache_dir]
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--num-seeds", "0"], "error: --num-seeds must be positive, got 0"),
     (["--ppo.update-epochs", "0"], "error: --update-epochs must be positive, got 0"),

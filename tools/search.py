@@ -38,7 +38,7 @@ from optuna.trial import TrialState
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tools import common, stats, tune  # noqa: E402  (tune sets up JAX's devices first)
-from utils import contract, startup  # noqa: E402
+from utils import contract  # noqa: E402
 
 # Heartbeats and their retry callback are marked experimental; they are what lets a study resume.
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -535,7 +535,7 @@ def main() -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)  # this script prints its own progress lines
     storage = open_storage(args)
     study = open_study(args, storage)
-    startup.configure_jax(tune.settings(args).jax_cache_dir)
+    tune.configure_jax(tune.settings(args).jax_cache_dir)
     print(f"study {study.study_name!r}: {len(finished(study))} of {args.n_trials} trials finished",
           file=sys.stderr)
     run_worker(study, args, heartbeat=isinstance(storage, optuna.storages.RDBStorage))
