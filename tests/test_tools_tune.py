@@ -162,7 +162,8 @@ def test_a_killed_harness_run_resumes_from_its_last_chunk_bit_for_bit(tmp_path, 
 def test_a_seed_trains_the_same_beside_any_seeds_on_any_number_of_devices(whole_run):
     # Seeds 1-3 on two devices (one padding seed; each device's two in a lax.map), with
     # --stability's record, against seed 1 alone on one device (no loop around it), without it,
-    # its evaluation compiled in a thread while it trains (an accelerator's way). Seed 1's trained
+    # its initial state made and its evaluation compiled in threads (an accelerator's way: while
+    # training's program compiles, and while it trains). Seed 1's trained
     # policy scores apart from its initial one (0.375 against 0.25): an evaluation of the wrong
     # network shows.
     together = whole_run

@@ -43,7 +43,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable
-from typing import Annotated, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 num_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 os.environ.setdefault("JAX_NUM_CPU_DEVICES", str(num_cores or 1))  # before JAX starts
@@ -366,7 +366,8 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
     `both_policies`, the script's other policy is evaluated too, on the same episodes' keys.
     With `evaluation_beside_training` (None: on a GPU or TPU, whose host idles while it trains;
     a CPU's training would share its cores), the evaluation compiles in a thread while the seeds
-    train; compile_seconds then counts only what is left of it when training ends.
+    train, and compile_seconds counts only what is left of it when training ends; the seeds'
+    initial states, too, compile and run in a thread while training's program compiles.
     """
     script, cfg = script_of(cfg), copy.copy(cfg)
     if not stability:  # what only adds logging is off (--stability reads PPO's diagnostics)
@@ -446,44 +447,60 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
         return jax.shard_map(mapped, mesh=mesh, in_specs=(P("seeds"), *[P()] * num_shared),
                              out_specs=P("seeds"), check_vma=False)
 
-    compile_start = part_start = time.time()
+    compile_start = time.time()
     compile_parts = {}
 
-    def compiled(part: str) -> None:
-        nonlocal part_start
-        compile_parts[part] = time.time() - part_start
-        part_start = time.time()
+    def compile_part(part: str, make: Callable[[], Any]) -> Any:
+        """make(), its seconds recorded as `part`'s and told to on_compiled."""
+        start = time.time()
+        made = make()
+        compile_parts[part] = time.time() - start
         if on_compiled is not None:
             on_compiled(part, compile_parts[part])
+        return made
 
-    # Initialised outside shard_map: the orthogonal init's QR (LAPACK) deadlocked jaxlib 0.10.2 when
-    # two CPU devices ran it at once.
-    runners, eval_keys = jax.device_put(jax.jit(lambda s: jax.lax.map(init, s))(jnp.array(padded)),
-                                        seed_sharding)
-    compiled("init")
-    iteration_counts = [len(c) for c in np.array_split(np.arange(cfg.num_iterations),
-                                                       min(num_chunks, cfg.num_iterations))]
-    train = jax.jit(per_device(train_chunk, 1), donate_argnums=0).lower(
-        runners, jnp.int32(iteration_counts[0])).compile()
-    compiled("train")
-    # The evaluation compiles from its inputs' shapes and placements (training donates the arrays
-    # themselves). Beside training, the host's cores would otherwise idle while the device trains.
-    evaluate_like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                                sharding=x.sharding),
-                                 (agent.params(runners), eval_keys))
-
-    def compile_evaluation():
-        start = time.time()
-        program = jax.jit(per_device(lambda x: evaluate_seed(*x))).lower(evaluate_like).compile()
-        compile_parts["evaluate"] = time.time() - start
-        if on_compiled is not None:
-            on_compiled("evaluate", compile_parts["evaluate"])
-        return program
+    def like(tree):  # the shapes of the seed-sharded arrays `tree` describes
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, weak_type=x.weak_type,
+                                                           sharding=seed_sharding), tree)
 
     if evaluation_beside_training is None:
         evaluation_beside_training = jax.devices()[0].platform != "cpu"
-    evaluate_all = (startup.in_background(compile_evaluation) if evaluation_beside_training
-                    else compile_evaluation())
+    # Initialised outside shard_map: the orthogonal init's QR (LAPACK) deadlocked jaxlib 0.10.2 when
+    # two CPU devices ran it at once.
+    make_runners = jax.jit(lambda s: jax.lax.map(init, s))
+    padded_seeds = jnp.array(padded)
+    iteration_counts = [len(c) for c in np.array_split(np.arange(cfg.num_iterations),
+                                                       min(num_chunks, cfg.num_iterations))]
+
+    def start_runners():
+        return compile_part("init", lambda: jax.block_until_ready(
+            jax.device_put(make_runners(padded_seeds), seed_sharding)))
+
+    def training_program():  # from the initial states' shapes
+        runners_like = like(jax.eval_shape(make_runners, padded_seeds))[0]
+        return jax.jit(per_device(train_chunk, 1), donate_argnums=0).lower(
+            runners_like, jnp.int32(iteration_counts[0])).compile()
+
+    def evaluation_program():  # from its inputs' shapes: training donates the arrays themselves
+        runners_like, eval_keys_like = like(jax.eval_shape(make_runners, padded_seeds))
+        params_like = like(jax.eval_shape(agent.params, runners_like))
+        return jax.jit(per_device(lambda x: evaluate_seed(*x))).lower(
+            (params_like, eval_keys_like)).compile()
+
+    def compile_evaluation():
+        return compile_part("evaluate", evaluation_program)
+
+    # Beside training, the host's cores would otherwise idle while the device works: the initial
+    # states compile and run while training's program compiles, the evaluation while it trains.
+    if evaluation_beside_training:
+        started = startup.in_background(start_runners)
+        train = compile_part("train", training_program)
+        evaluate_all = startup.in_background(compile_evaluation)
+        runners, eval_keys = started.result()
+    else:
+        runners, eval_keys = start_runners()
+        train = compile_part("train", training_program)
+        evaluate_all = compile_evaluation()
     compile_seconds = time.time() - compile_start
 
     chunk_steps = [sum(iteration_counts[:chunk + 1]) * cfg.steps_per_iteration
