@@ -122,9 +122,9 @@ class Run:
     of training; on leaving, summary.json is written however the run ended, and `exit_code` says
     how."""
 
-    # The final evaluation compiles in a thread while training runs (True), or before it (False);
-    # None: beside training on a GPU or TPU, whose host idles while the device trains, before it
-    # on a CPU, whose cores training takes.
+    # The final evaluation compiles in a thread while training runs (True), and the initial state
+    # while the update step compiles, or each before the next step (False); None: beside on a GPU
+    # or TPU, whose host idles while the device works, before on a CPU, whose cores training takes.
     evaluation_beside_training: bool | None = None
 
     def __init__(self, script, args, agent, env, env_params):
@@ -134,6 +134,8 @@ class Run:
         # On a CPU the host's reading shares the cores with the step's work, which it slowed (PPO
         # 0.86-0.94x): there each iteration is read as soon as it is queued, as before.
         self.late = jax.devices()[0].platform != "cpu"
+        self.beside_training = (self.late if self.evaluation_beside_training is None
+                                else self.evaluation_beside_training)
         self.status = None  # how training ended: completed, interrupted or non_finite
         self.summary = None  # summary.json's contents, from the run's start
         self.headline = script.HEADLINE_POLICY
@@ -181,6 +183,10 @@ class Run:
             # Compiled from the state's shapes, and its memory checked, before any is allocated.
             like = jax.eval_shape(init, runner_key)
             cli.or_exit(cli.check_memory, "training", like)
+            # Beside training (an accelerator's way), the initial state compiles and is made in a
+            # thread while the step compiles: on a device of its own, it takes none of the host's.
+            initial = (startup.in_background(lambda: init(runner_key))
+                       if self.beside_training and not args.resume else None)
             self.compiled_step = step.lower(like).compile()
             startup.release_freed_memory()  # the compiler's, before the evaluation's compile
             cli.or_exit(cli.check_memory, "training", like, self.compiled_step)
@@ -188,7 +194,7 @@ class Run:
                 self.state, start = cli.or_exit(checkpoint.load_checkpoint, self.script,
                                                 args.resume, like, shardings)
             else:
-                self.state = init(runner_key)
+                self.state = initial.result() if initial else init(runner_key)
         # From the parameters' shapes: training takes over (donates) the arrays themselves.
         params_like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                                    self.parameters(self.state))
@@ -200,9 +206,8 @@ class Run:
             startup.release_freed_memory()  # what the compiler used
             return play
 
-        beside = self.evaluation_beside_training
-        if beside is None:  # by device; with --load-model no training hides the compile
-            beside = self.late and not args.load_model
+        # With --load-model no training hides the compile.
+        beside = self.beside_training and not args.load_model
         self._play = startup.in_background(compile_evaluation) if beside else compile_evaluation()
         return start
 
