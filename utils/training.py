@@ -184,7 +184,7 @@ class Run:
             like = jax.eval_shape(init, runner_key)
             cli.or_exit(cli.check_memory, "training", like)
             # Beside training (an accelerator's way), the initial state compiles and is made in a
-            # thread while the step compiles: on a device of its own, it takes none of the host's.
+            # thread while the update step compiles.
             initial = (startup.in_background(lambda: init(runner_key))
                        if self.beside_training and not args.resume else None)
             self.compiled_step = step.lower(like).compile()
