@@ -203,8 +203,9 @@ class SeedsResult(NamedTuple):
     # per seed: logit_gap_max, log_ratio_min, log_ratio_max, non_finite
     stability: dict | None = None
     vmap_seeds: int = 1  # seeds trained side by side on each device
-    # seconds to set up: the seeds' initial states (compiled and run), the training chunk's program
-    # (compiled), the evaluation's (compiled; beside training on a GPU or TPU)
+    # seconds to set up: the seeds' initial states (compiled and run; on a GPU or TPU while the
+    # training chunk's program compiles), that program (compiled), the evaluation's (compiled;
+    # on a GPU or TPU while the seeds train)
     compile_parts: dict | None = None
     # with both_policies, the other policy's (seeds,) returns: gymnax's and MinAtar's protocol
     other_returns: np.ndarray | None = None
