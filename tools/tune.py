@@ -448,7 +448,6 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
         return jax.shard_map(mapped, mesh=mesh, in_specs=(P("seeds"), *[P()] * num_shared),
                              out_specs=P("seeds"), check_vma=False)
 
-    compile_start = time.time()
     compile_parts = {}
 
     def compile_part(part: str, make: Callable[[], Any]) -> Any:
@@ -469,7 +468,7 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
     # Initialised outside shard_map: the orthogonal init's QR (LAPACK) deadlocked jaxlib 0.10.2 when
     # two CPU devices ran it at once.
     make_runners = jax.jit(lambda s: jax.lax.map(init, s))
-    padded_seeds = jnp.array(padded)
+    padded_seeds = np.array(padded, np.int32)
     iteration_counts = [len(c) for c in np.array_split(np.arange(cfg.num_iterations),
                                                        min(num_chunks, cfg.num_iterations))]
 
@@ -493,6 +492,7 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
 
     # Beside training, the host's cores would otherwise idle while the device works: the initial
     # states compile and run while training's program compiles, the evaluation while it trains.
+    compile_start = time.time()
     if evaluation_beside_training:
         started = startup.in_background(start_runners)
         train = compile_part("train", training_program)
