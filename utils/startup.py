@@ -94,10 +94,10 @@ def release_freed_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def in_background(compile_fn: Callable[[], Any]) -> concurrent.futures.Future:
-    """compile_fn() started in a thread of its own, which ends with it: a program compiled while
-    the device trains, on a GPU or TPU, whose host would otherwise idle."""
+def in_background(fn: Callable[[], Any]) -> concurrent.futures.Future:
+    """fn() started in a thread of its own, which ends with it: on a GPU or TPU, whose host would
+    otherwise idle, a program compiled (or an initial state made) while the device works."""
     pool = concurrent.futures.ThreadPoolExecutor(1)
-    future = pool.submit(compile_fn)
+    future = pool.submit(fn)
     pool.shutdown(wait=False)
     return future
