@@ -38,6 +38,7 @@ def test_a_script_run_stopped_and_resumed_is_found_identical(tmp_path):
     assert 3 * 65536 <= report["stopped_at_step"] == report["resumed_at_step"] < 655360
     assert report["global_step"] == 655360
     assert all(n > 0 for n in report["compared"].values())  # tensors, scalars, the evaluation
+    assert report["first_differing_step"] is None
 
 
 def test_a_harness_run_killed_and_run_again_is_found_identical(tmp_path):
@@ -48,7 +49,7 @@ def test_a_harness_run_killed_and_run_again_is_found_identical(tmp_path):
     assert report["identical"] and report["chunks"] == 4 and report["stopped_after_chunk"] == 2
     # killed after the second chunk's line, whose checkpoint was written before it: the run again
     # trained chunks 3 and 4 only (the tool refuses otherwise)
-    assert report["resumed_after_chunk"] == 2
+    assert report["resumed_after_chunk"] == 2 and report["first_differing_chunk"] is None
 
 
 def test_a_harness_run_killed_after_its_last_chunk_evaluates_as_the_whole_run(tmp_path):
@@ -59,6 +60,28 @@ def test_a_harness_run_killed_after_its_last_chunk_evaluates_as_the_whole_run(tm
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["identical"] and report["resumed_after_chunk"] == report["chunks"] == 4
+
+
+def test_the_first_step_at_which_two_runs_logs_part_is_found():
+    a = {"loss": [(1, 0.5), (2, 0.25), (3, 0.125)], "return": [(2, 1.0), (3, 2.0)]}
+    assert resume_check.first_differing_step(a, a) is None
+    assert resume_check.first_differing_step(a, a | {"loss": [(1, 0.5), (2, 0.25), (3, 0.5)]}) == 3
+    assert resume_check.first_differing_step(a, a | {"return": [(2, 1.5), (3, 2.5)]}) == 2
+    assert resume_check.first_differing_step(a, a | {"return": [(2, 1.0)]}) == 3  # one logged more
+    assert resume_check.first_differing_step(a, {"loss": a["loss"]}) == 2  # a tag only one has
+
+
+def test_the_first_chunk_whose_curve_differs_is_found():
+    a = {"steps": [10, 20, 30], "return_sums": [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]],
+         "episodes": [[1, 1, 1], [2, 2, 2]]}
+    assert resume_check.first_differing_chunk(a, a) is None
+    assert resume_check.first_differing_chunk(
+        a, a | {"return_sums": [[1.0, 2.0, 3.0], [4.0, 5.0, 6.5]]}) == 3  # the second seed's
+    assert resume_check.first_differing_chunk(a, a | {"episodes": [[1, 3, 1], [2, 2, 2]]}) == 2
+    assert resume_check.first_differing_chunk(a, a | {"steps": [10, 25, 30]}) == 2
+    shorter = {"steps": [10, 20], "return_sums": [[1.0, 2.0], [4.0, 5.0]],
+               "episodes": [[1, 1], [2, 2]]}
+    assert resume_check.first_differing_chunk(a, shorter) == 3
 
 
 def a_run(tmp_path) -> str:

@@ -11,6 +11,10 @@ one). The tests show it on the CPU; this shows it where the long runs are traine
   it wrote; that run must train only the chunks after it. Compared: the per-seed returns under
   both protocols (both policies with --both-policies), the learning curves and the statistics.
 
+Where they differ, it says where the two parted: the first logged step (first_differing_step) or
+chunk (first_differing_chunk) that differs. One before the stop means the runs parted before any
+resume.
+
 Each run is its own process, in a work directory of its own, with the same flags.
 
 Run:  python tools/resume_check.py --script ppo_breakout --stop-after 3 \\
@@ -156,6 +160,31 @@ def differing(a: dict, b: dict) -> list[str]:
                   if a[part].get(name) != b[part].get(name))
 
 
+def first_differing_step(a: dict, b: dict) -> int | None:
+    """The first environment step at which two runs' logged scalars ({tag: [(step, value)]})
+    differ, or one logged what the other did not: before the stop, the runs parted before any
+    resume; None where they agree throughout."""
+    steps = []
+    for tag in set(a) | set(b):
+        x, y = dict(a.get(tag, [])), dict(b.get(tag, []))
+        steps += [step for step in set(x) | set(y) if x.get(step) != y.get(step)]
+    return min(steps, default=None)
+
+
+def first_differing_chunk(a: dict, b: dict) -> int | None:
+    """The first chunk (counted from 1) whose per-seed learning curve differs between two harness
+    results' curves ({"steps", "return_sums", "episodes"}, the sums per seed and chunk); None
+    where none does."""
+    def at(curve: dict, chunk: int) -> list:  # the chunk's step and every seed's sums in it
+        return [curve["steps"][chunk:chunk + 1]] + [
+            seed[chunk:chunk + 1] for name in ("return_sums", "episodes") for seed in curve[name]]
+
+    for chunk in range(max(len(a["steps"]), len(b["steps"]))):
+        if at(a, chunk) != at(b, chunk):
+            return chunk + 1
+    return None
+
+
 def check_script(script_path: str, flags: list[str], count: int) -> dict:
     command = [sys.executable, script_path, *flags]
     seconds = {}
@@ -186,6 +215,7 @@ def check_script(script_path: str, flags: list[str], count: int) -> dict:
     diff = differing(*ends)
     return {"stopped_at_step": stopped_at, "resumed_at_step": summary["resumed_at_step"],
             "global_step": summary["global_step"], "identical": not diff, "differing": diff,
+            "first_differing_step": first_differing_step(ends[0]["scalars"], ends[1]["scalars"]),
             "compared": {part: len(names) for part, names in ends[0].items()},
             "evaluation": summary["eval"], "seconds": seconds}
 
@@ -228,7 +258,9 @@ def check_harness(flags: list[str], count: int) -> dict:
                     f"{chunks}: it did not go on from where it was killed")
     diff = [name for name in HARNESS_RESULTS if results[0].get(name) != results[1].get(name)]
     return {"stopped_after_chunk": count, "resumed_after_chunk": done, "chunks": chunks,
-            "identical": not diff, "differing": diff, "eval_returns": results[1]["eval_returns"],
+            "identical": not diff, "differing": diff,
+            "first_differing_chunk": first_differing_chunk(*(r["curve"] for r in results)),
+            "eval_returns": results[1]["eval_returns"],
             "eval_returns_minatar": results[1]["eval_returns_minatar"], "seconds": seconds}
 
 

@@ -1,0 +1,136 @@
+"""Whether a script's training state, sent to the host as a checkpoint's tensors and back, trains
+on as the live state does, to the bit, for any script that keeps utils/contract.py: the step under
+a resume, without the run around it. tools/resume_check.py compares whole runs; where they differ,
+this says whether the state's round trip or the update step is to blame.
+
+- In one process (the default): from the initial state, K iterations of the update step (compiled
+  as utils/training.Run compiles it: ahead of time, the state donated), then: K more twice from
+  copies of that state (is the step deterministic?); K more from the state restored from its
+  checkpoint tensors; K more from the state fetched to the host and put back; and 2K straight from
+  the start (is K then K the same as 2K?).
+- Across two processes: `--save DIR` writes the state after K iterations and the state K later
+  (checkpoint tensors); `--load DIR`, in another process, restores the first, runs K iterations
+  and compares them with the second.
+
+The compilation cache is off. Run:
+    python tools/restore_probe.py --script dqn_minatar '--script-args=--total-timesteps 409600'
+"""
+
+import dataclasses
+import os
+import shlex
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import safetensors  # noqa: E402
+import safetensors.numpy  # noqa: E402
+import tyro  # noqa: E402
+
+from tools import common, tune  # noqa: E402
+from utils import checkpoint, training  # noqa: E402
+from utils.env import make_env  # noqa: E402
+
+SAVED, LATER = "state.safetensors", "later.safetensors"
+
+
+@dataclasses.dataclass
+class Args:
+    script: str = "dqn_minatar"
+    """the script (a name, or a path relative to the project)"""
+    script_args: str = ""
+    """the script's flags, as one string (--num-devices 1 and the cache off are added)"""
+    iterations: int = 3
+    """K: the update steps before the state is sent through the host, and after"""
+    save: str = ""
+    """write the state after K iterations and the state K later into this directory (new)"""
+    load: str = ""
+    """restore --save's first state, train K iterations, compare them with its second"""
+    out: str = ""
+    """write the JSON here (it is printed either way)"""
+
+
+def host_tensors(state) -> dict[str, np.ndarray]:
+    """The state's checkpoint tensors, as a checkpoint writes them (utils/checkpoint.py)."""
+    return checkpoint.state_tensors({"runner": state}, {})[0]
+
+
+def differing(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[str]:
+    """The names of the tensors that differ in bits, dtype or shape (or that one lacks)."""
+    return sorted(name for name in set(a) | set(b)
+                  if name not in a or name not in b or a[name].dtype != b[name].dtype
+                  or a[name].shape != b[name].shape or a[name].tobytes() != b[name].tobytes())
+
+
+def main() -> None:
+    args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
+    if args.iterations <= 0:
+        common.fail(f"--iterations must be positive, got {args.iterations}")
+    if args.save and args.load:
+        common.fail("give --save or --load, not both")
+    if args.save and os.path.exists(args.save):
+        common.fail(f"--save {args.save} exists; choose another name")
+    if args.load and not all(os.path.isfile(os.path.join(args.load, name))
+                             for name in (SAVED, LATER)):
+        common.fail(f"--load {args.load}: not a directory that --save wrote")
+    common.check_out(args.out)
+    try:
+        script = tune.load_script(args.script)
+        flags = [*shlex.split(args.script_args), "--num-devices", "1", "--jax-cache-dir", ""]
+    except ValueError as e:
+        common.fail(str(e))
+    cfg = training.parse_args(script, flags)
+    env, env_params = make_env(cfg.env_id, cfg.sticky_action_prob)
+    agent = script.make_agent(cfg, env, env_params)
+    runner_key = jax.random.split(jax.random.key(cfg.seed))[0]  # the script's own
+    init = jax.jit(agent.init)
+    like = jax.eval_shape(init, runner_key)
+    step = jax.jit(agent.update_step, donate_argnums=0).lower(like).compile()
+
+    def train(state, n: int):  # takes over (donates) `state`
+        for _ in range(n):
+            state = step(state)[0]
+        return state
+
+    k = args.iterations
+    found = {}
+    if args.load:
+        tensors = safetensors.numpy.load_file(os.path.join(args.load, SAVED))
+        with safetensors.safe_open(os.path.join(args.load, SAVED), "numpy") as f:
+            header = f.metadata()
+        state = jax.device_put(checkpoint.restore("probe", tensors, header, "runner", like), None)
+        later = safetensors.numpy.load_file(os.path.join(args.load, LATER))
+        diff = differing(host_tensors(train(state, k)), later)
+        found = {"mode": "load", "continues_equal": not diff, "differing": diff}
+    else:
+        state = train(training.copy_tree(init(runner_key)), k)
+        tensors, header = checkpoint.state_tensors({"runner": state}, {})
+        live = host_tensors(train(training.copy_tree(state), k))
+        if args.save:
+            os.makedirs(args.save)
+            safetensors.numpy.save_file(tensors, os.path.join(args.save, SAVED), header)
+            safetensors.numpy.save_file(live, os.path.join(args.save, LATER))
+            found = {"mode": "save"}
+        else:
+            again = host_tensors(train(training.copy_tree(state), k))
+            back = jax.device_put(checkpoint.restore("probe", tensors, header, "runner", like),
+                                  None)
+            fetched = jax.device_put(jax.device_get(state))
+            straight = host_tensors(train(init(runner_key), 2 * k))
+            diffs = {"deterministic": differing(again, live),
+                     "restored_continues_equal": differing(host_tensors(train(back, k)), live),
+                     "fetched_continues_equal": differing(host_tensors(train(fetched, k)), live),
+                     "split_equals_straight": differing(straight, live)}
+            found = {"mode": "in_process", **{name: not d for name, d in diffs.items()},
+                     "differing": {name: d for name, d in diffs.items() if d}}
+    common.write_report(common.new_report(
+        machine=common.machine(jax.devices()), script=tune.name_of(script),
+        script_args=args.script_args, iterations=k, **found), args.out)
+    if found.get("differing"):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
