@@ -25,7 +25,8 @@ def test_in_one_process_a_restored_state_trains_on_as_the_live_one(tmp_path):
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["mode"] == "in_process" and report["differing"] == {}
     assert all(report[name] for name in ("deterministic", "restored_continues_equal",
-                                         "fetched_continues_equal", "split_equals_straight"))
+                                         "fetched_continues_equal", "split_equals_straight",
+                                         "recompiled_equal", "program_equal"))
 
 
 def test_a_restore_that_changes_a_leaf_is_found(tmp_path, monkeypatch):
@@ -52,6 +53,16 @@ def test_across_processes_a_saved_state_trains_on_as_it_did(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["mode"] == "load" and report["continues_equal"] and report["differing"] == []
+    assert report["program_equal"]
+    assert (tmp_path / "saved" / restore_probe.PROGRAM).read_text().startswith("HloModule")
+
+    # Another program (another learning rate) is told apart from the saved one.
+    other = run_main(restore_probe, tmp_path, "--script", "tests/tiny_pg.py",
+                     "--script-args=--total-timesteps 4096 --learning-rate 0.5", "--load", "saved",
+                     "--out", "other.json", timeout=300)
+    assert other.returncode == 1
+    report = json.loads((tmp_path / "other.json").read_text())
+    assert not report["program_equal"] and not report["continues_equal"]
 
     # One bit of one saved parameter off: the state trains elsewhere, and it is said.
     path = tmp_path / "saved" / restore_probe.SAVED

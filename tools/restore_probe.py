@@ -7,10 +7,12 @@ this says whether the state's round trip or the update step is to blame.
   as utils/training.Run compiles it: ahead of time, the state donated), then: K more twice from
   copies of that state (is the step deterministic?); K more from the state restored from its
   checkpoint tensors; K more from the state fetched to the host and put back; and 2K straight from
-  the start (is K then K the same as 2K?).
+  the start (is K then K the same as 2K?); and K more with the update step compiled a second
+  time (does the compiler give the same program, and the same bits?).
 - Across two processes: `--save DIR` writes the state after K iterations and the state K later
-  (checkpoint tensors); `--load DIR`, in another process, restores the first, runs K iterations
-  and compares them with the second.
+  (checkpoint tensors) and the compiled update step's text; `--load DIR`, in another process,
+  restores the first, runs K iterations and compares them with the second, and its own compiled
+  step with the saved one.
 
 The compilation cache is off. Run:
     python tools/restore_probe.py --script dqn_minatar '--script-args=--total-timesteps 409600'
@@ -18,6 +20,7 @@ The compilation cache is off. Run:
 
 import dataclasses
 import os
+import re
 import shlex
 import sys
 
@@ -33,7 +36,7 @@ from tools import common, tune  # noqa: E402
 from utils import checkpoint, training  # noqa: E402
 from utils.env import make_env  # noqa: E402
 
-SAVED, LATER = "state.safetensors", "later.safetensors"
+SAVED, LATER, PROGRAM = "state.safetensors", "later.safetensors", "program.txt"
 
 
 @dataclasses.dataclass
@@ -55,6 +58,14 @@ class Args:
 def host_tensors(state) -> dict[str, np.ndarray]:
     """The state's checkpoint tensors, as a checkpoint writes them (utils/checkpoint.py)."""
     return checkpoint.state_tensors({"runner": state}, {})[0]
+
+
+def program_text(compiled) -> str:
+    """A compiled program's text without where in the source each operation came from: the caller's
+    lines differ between two compiles of one program."""
+    lines = [line for line in compiled.as_text().splitlines()
+             if not re.match(r"(\d+ |FileNames|FunctionNames|FileLocations|StackFrames)", line)]
+    return re.sub(r", metadata=\{[^}]*\}", "", "\n".join(lines))
 
 
 def differing(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[str]:
@@ -87,11 +98,16 @@ def main() -> None:
     runner_key = jax.random.split(jax.random.key(cfg.seed))[0]  # the script's own
     init = jax.jit(agent.init)
     like = jax.eval_shape(init, runner_key)
-    step = jax.jit(agent.update_step, donate_argnums=0).lower(like).compile()
 
-    def train(state, n: int):  # takes over (donates) `state`
+    def compile_step():  # a new function each time: compiled again (the cache is off)
+        return jax.jit(lambda state: agent.update_step(state), donate_argnums=0).lower(
+            like).compile()
+
+    step = compile_step()
+
+    def train(state, n: int, program=step):  # takes over (donates) `state`
         for _ in range(n):
-            state = step(state)[0]
+            state = program(state)[0]
         return state
 
     k = args.iterations
@@ -103,7 +119,10 @@ def main() -> None:
         state = jax.device_put(checkpoint.restore("probe", tensors, header, "runner", like), None)
         later = safetensors.numpy.load_file(os.path.join(args.load, LATER))
         diff = differing(host_tensors(train(state, k)), later)
-        found = {"mode": "load", "continues_equal": not diff, "differing": diff}
+        with open(os.path.join(args.load, PROGRAM)) as f:
+            same_program = f.read() == program_text(step)
+        found = {"mode": "load", "continues_equal": not diff, "program_equal": same_program,
+                 "differing": diff}
     else:
         state = train(training.copy_tree(init(runner_key)), k)
         tensors, header = checkpoint.state_tensors({"runner": state}, {})
@@ -112,6 +131,8 @@ def main() -> None:
             os.makedirs(args.save)
             safetensors.numpy.save_file(tensors, os.path.join(args.save, SAVED), header)
             safetensors.numpy.save_file(live, os.path.join(args.save, LATER))
+            with open(os.path.join(args.save, PROGRAM), "w") as f:
+                f.write(program_text(step))
             found = {"mode": "save"}
         else:
             again = host_tensors(train(training.copy_tree(state), k))
@@ -119,11 +140,15 @@ def main() -> None:
                                   None)
             fetched = jax.device_put(jax.device_get(state))
             straight = host_tensors(train(init(runner_key), 2 * k))
+            step_again = compile_step()
+            recompiled = host_tensors(train(training.copy_tree(state), k, step_again))
             diffs = {"deterministic": differing(again, live),
                      "restored_continues_equal": differing(host_tensors(train(back, k)), live),
                      "fetched_continues_equal": differing(host_tensors(train(fetched, k)), live),
-                     "split_equals_straight": differing(straight, live)}
+                     "split_equals_straight": differing(straight, live),
+                     "recompiled_equal": differing(recompiled, live)}
             found = {"mode": "in_process", **{name: not d for name, d in diffs.items()},
+                     "program_equal": program_text(step_again) == program_text(step),
                      "differing": {name: d for name, d in diffs.items() if d}}
     common.write_report(common.new_report(
         machine=common.machine(jax.devices()), script=tune.name_of(script),
