@@ -39,6 +39,7 @@ def test_a_script_run_stopped_and_resumed_is_found_identical(tmp_path):
     assert report["global_step"] == 655360
     assert all(n > 0 for n in report["compared"].values())  # tensors, scalars, the evaluation
     assert report["first_differing_step"] is None
+    assert report["whole_evaluation"] == report["evaluation"]  # the run never stopped's, beside
 
 
 def test_a_harness_run_killed_and_run_again_is_found_identical(tmp_path):
@@ -50,6 +51,8 @@ def test_a_harness_run_killed_and_run_again_is_found_identical(tmp_path):
     # killed after the second chunk's line, whose checkpoint was written before it: the run again
     # trained chunks 3 and 4 only (the tool refuses otherwise)
     assert report["resumed_after_chunk"] == 2 and report["first_differing_chunk"] is None
+    assert report["whole_eval_returns"] == report["eval_returns"]
+    assert report["whole_eval_returns_minatar"] == report["eval_returns_minatar"]
 
 
 def test_a_harness_run_killed_after_its_last_chunk_evaluates_as_the_whole_run(tmp_path):

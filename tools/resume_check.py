@@ -217,7 +217,8 @@ def check_script(script_path: str, flags: list[str], count: int) -> dict:
             "global_step": summary["global_step"], "identical": not diff, "differing": diff,
             "first_differing_step": first_differing_step(ends[0]["scalars"], ends[1]["scalars"]),
             "compared": {part: len(names) for part, names in ends[0].items()},
-            "evaluation": summary["eval"], "seconds": seconds}
+            "evaluation": summary["eval"], "whole_evaluation": ends[0]["evaluation"],
+            "seconds": seconds}
 
 
 def chunk_numbers(output: str) -> list[int]:
@@ -261,7 +262,9 @@ def check_harness(flags: list[str], count: int) -> dict:
             "identical": not diff, "differing": diff,
             "first_differing_chunk": first_differing_chunk(*(r["curve"] for r in results)),
             "eval_returns": results[1]["eval_returns"],
-            "eval_returns_minatar": results[1]["eval_returns_minatar"], "seconds": seconds}
+            "eval_returns_minatar": results[1]["eval_returns_minatar"],
+            "whole_eval_returns": results[0]["eval_returns"],
+            "whole_eval_returns_minatar": results[0]["eval_returns_minatar"], "seconds": seconds}
 
 
 def main() -> None:
