@@ -84,10 +84,14 @@ def test_across_processes_a_saved_state_trains_on_as_it_did(tmp_path):
 
 def test_bad_input_gets_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
+    (tmp_path / "no_program").mkdir()  # a --save directory without its program's text
+    for name in (restore_probe.SAVED, restore_probe.LATER):
+        (tmp_path / "no_program" / name).write_bytes(b"")
     for flags, expected in [(("--iterations", "0"), "--iterations must be positive"),
                             (("--save", "a", "--load", "b"), "not both"),
                             (("--save", "empty"), "--save empty exists"),
-                            (("--load", "empty"), "not a directory that --save wrote")]:
+                            (("--load", "empty"), "not a directory that --save wrote"),
+                            (("--load", "no_program"), "not a directory that --save wrote")]:
         result = probe(tmp_path, *flags)
         assert result.returncode != 0
         assert result.stderr.strip().splitlines()[-1].startswith("error:"), result.stderr

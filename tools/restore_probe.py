@@ -84,7 +84,7 @@ def main() -> None:
     if args.save and os.path.exists(args.save):
         common.fail(f"--save {args.save} exists; choose another name")
     if args.load and not all(os.path.isfile(os.path.join(args.load, name))
-                             for name in (SAVED, LATER)):
+                             for name in (SAVED, LATER, PROGRAM)):
         common.fail(f"--load {args.load}: not a directory that --save wrote")
     common.check_out(args.out)
     try:
