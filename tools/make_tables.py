@@ -238,10 +238,10 @@ def below(x) -> str:
     return f"{n} ({n / len(x):.0%})"
 
 
-def reach(r: dict, b: dict, p: str) -> str:
-    """Where each seed of r, evaluated during training (--eval-every), first scores at least b's
-    mean under protocol p (r's own policy): the step and the training seconds there."""
-    target, name = np.mean(b[PROTOCOLS[p][0]]), {"g": "gymnax", "m": "minatar"}[p]
+def reach(r: dict, target: float, p: str) -> str:
+    """Where each seed of r, evaluated during training (--eval-every), first scores at least
+    `target` under protocol p (r's own policy): the step and the training seconds there."""
+    name = {"g": "gymnax", "m": "minatar"}[p]
     shown = []
     for curve in r["eval_curves"]:
         returns = curve[f"{name}/{r['policy']}"]
@@ -308,12 +308,17 @@ def cell(template: str, row: dict, r: dict, b: dict | None, protocol: str,
         if name in ONE:
             key = PROTOCOLS[p][0]
             return ONE[name](who[key], other[key] if other else None)
-        if name == "published":
-            return f"{aggregate.PUBLISHED[game(who)][list(PROTOCOLS).index(p)]:g}"
+        if name in ("published", "reach_published"):
+            published = aggregate.PUBLISHED[game(who)][list(PROTOCOLS).index(p)]
+            return f"{published:g}" if name == "published" else reach(r, published, p)
         if name == "protocol":
             return PROTOCOLS[protocol][1]
-        if name == "reach":  # where r's evaluations during training first reach b's mean
-            return reach(r, b, p)
+        # Where r's evaluations during training first reach b's mean (reach), the published PPO
+        # score of r's game (reach_published, above) or the row's `target` (another paper's).
+        if name == "reach":
+            return reach(r, float(np.mean(b[PROTOCOLS[p][0]])), p)
+        if name == "reach_target":
+            return reach(r, float(row["target"]), p)
         if at := re.fullmatch(r"at(\d+)M", name):  # e.g. {at2M:g}: its evaluation at 2M steps
             return at_steps(who, int(at[1]) * 10**6, p)
         return WHOLE[name](who, other) if name in WHOLE else str(row[name])
