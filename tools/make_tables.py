@@ -238,6 +238,11 @@ def below(x) -> str:
     return f"{n} ({n / len(x):.0%})"
 
 
+def published(r: dict, p: str) -> float:
+    """The published PPO score of r's game under protocol p."""
+    return aggregate.PUBLISHED[game(r)][list(PROTOCOLS).index(p)]
+
+
 def reach(r: dict, target: float, p: str) -> str:
     """Where each seed of r, evaluated during training (--eval-every), first scores at least
     `target` under protocol p (r's own policy): the step and the training seconds there."""
@@ -308,15 +313,16 @@ def cell(template: str, row: dict, r: dict, b: dict | None, protocol: str,
         if name in ONE:
             key = PROTOCOLS[p][0]
             return ONE[name](who[key], other[key] if other else None)
-        if name in ("published", "reach_published"):
-            published = aggregate.PUBLISHED[game(who)][list(PROTOCOLS).index(p)]
-            return f"{published:g}" if name == "published" else reach(r, published, p)
+        if name == "published":
+            return f"{published(who, p):g}"
         if name == "protocol":
             return PROTOCOLS[protocol][1]
-        # Where r's evaluations during training first reach b's mean (reach), the published PPO
-        # score of r's game (reach_published, above) or the row's `target` (another paper's).
+        # Where r's evaluations during training first reach b's mean, the published PPO score of
+        # r's game, or the row's `target` (another paper's).
         if name == "reach":
             return reach(r, float(np.mean(b[PROTOCOLS[p][0]])), p)
+        if name == "reach_published":
+            return reach(r, published(r, p), p)
         if name == "reach_target":
             return reach(r, float(row["target"]), p)
         if at := re.fullmatch(r"at(\d+)M", name):  # e.g. {at2M:g}: its evaluation at 2M steps

@@ -623,12 +623,9 @@ def result_json(cfg, seeds: list[int], result: SeedsResult, eval_episodes: int,
 
 
 def configure_jax(cache_dir: str) -> None:
-    """startup.configure_jax, with JAX's persistent compilation cache on the CPU only. On a TPU v5e
-    the harness's evaluation program read back from the cache scored ten trained Freeway seeds 3.9,
-    where the same program compiled fresh scores the same parameters 50.8
-    (results/dqn_minatar/tpu_v5e/cache_vs_restore__Freeway_409600__seeds1-10.json). Until that is
-    understood, the harness compiles its programs afresh on an accelerator; a whole run loses
-    nothing by it on a fresh machine, and a run continued from its checkpoint compiles again."""
+    """startup.configure_jax, with JAX's persistent compilation cache on the CPU only: on a TPU the
+    harness's evaluation program read back from the cache scored trained seeds wrongly
+    (docs/accelerators.md, "The harness keeps no compilation cache on the chip")."""
     startup.configure_jax(cache_dir if jax.default_backend() == "cpu" else "")
 
 
