@@ -26,7 +26,8 @@ def test_in_one_process_a_restored_state_trains_on_as_the_live_one(tmp_path):
     assert report["mode"] == "in_process" and report["differing"] == {}
     assert all(report[name] for name in ("deterministic", "restored_continues_equal",
                                          "fetched_continues_equal", "split_equals_straight",
-                                         "recompiled_equal", "program_equal"))
+                                         "recompiled_equal", "after_dirty_memory_equal",
+                                         "program_equal"))
 
 
 def test_a_restore_that_changes_a_leaf_is_found(tmp_path, monkeypatch):
@@ -52,8 +53,8 @@ def test_across_processes_a_saved_state_trains_on_as_it_did(tmp_path):
     result = probe(tmp_path, "--load", "saved", "--out", "r.json")
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "r.json").read_text())
-    assert report["mode"] == "load" and report["continues_equal"] and report["differing"] == []
-    assert report["program_equal"]
+    assert report["mode"] == "load" and report["continues_equal"] and report["differing"] == {}
+    assert report["program_equal"] and report["fresh_equal"] and report["fresh_continues_equal"]
     assert (tmp_path / "saved" / restore_probe.PROGRAM).read_text().startswith("HloModule")
 
     # Another program (another learning rate) is told apart from the saved one.
@@ -63,6 +64,7 @@ def test_across_processes_a_saved_state_trains_on_as_it_did(tmp_path):
     assert other.returncode == 1
     report = json.loads((tmp_path / "other.json").read_text())
     assert not report["program_equal"] and not report["continues_equal"]
+    assert not report["fresh_equal"]  # its own start trains elsewhere too
 
     # One bit of one saved parameter off: the state trains elsewhere, and it is said.
     path = tmp_path / "saved" / restore_probe.SAVED
@@ -80,6 +82,24 @@ def test_across_processes_a_saved_state_trains_on_as_it_did(tmp_path):
     assert result.returncode == 1
     report = json.loads((tmp_path / "r2.json").read_text())
     assert not report["continues_equal"] and report["differing"]
+    # This process's own run from the start replays the saving one: it differs in that bit only.
+    assert report["fresh_differing"] == {name: {
+        "elements": 1, "of": flipped.size, "values_equal": False,
+        "max_abs": float(abs(np.float64(flipped.flat[0]) - np.float64(tensors[name].flat[0])))}}
+    assert report["fresh_continues_equal"]
+
+
+def test_how_tensors_differ_counts_elements_and_tells_equal_numbers_apart():
+    a = {"w": np.array([0.0, 1.0, 2.0], np.float32), "b": np.array([True, False]),
+         "n": np.array([1, 2], np.int32), "gone": np.zeros(2, np.float32)}
+    b = {"w": np.array([-0.0, 1.0, 2.5], np.float32), "b": np.array([True, False]),
+         "n": np.array([1, 2], np.int64)}
+    assert restore_probe.how_they_differ(a, b) == {
+        "w": {"elements": 2, "of": 3, "values_equal": False, "max_abs": 0.5},
+        "n": {"comparable": False}, "gone": {"comparable": False}}
+    signed_zero = restore_probe.how_they_differ({"z": np.zeros(4, np.float32)},
+                                                {"z": -np.zeros(4, np.float32)})
+    assert signed_zero == {"z": {"elements": 4, "of": 4, "values_equal": True, "max_abs": 0.0}}
 
 
 def test_bad_input_gets_one_line(tmp_path):

@@ -7,12 +7,14 @@ this says whether the state's round trip or the update step is to blame.
   as utils/training.Run compiles it: ahead of time, the state donated), then: K more twice from
   copies of that state (is the step deterministic?); K more from the state restored from its
   checkpoint tensors; K more from the state fetched to the host and put back; and 2K straight from
-  the start (is K then K the same as 2K?); and K more with the update step compiled a second
-  time (does the compiler give the same program, and the same bits?).
+  the start (is K then K the same as 2K?); K more after memory the state's size was filled with
+  NaN and freed (does the step read memory it never wrote?); and K more with the update step
+  compiled a second time (does the compiler give the same program, and the same bits?).
 - Across two processes: `--save DIR` writes the state after K iterations and the state K later
   (checkpoint tensors) and the compiled update step's text; `--load DIR`, in another process,
   restores the first, runs K iterations and compares them with the second, and its own compiled
-  step with the saved one.
+  step with the saved one; then it trains K and K from the start itself (does this process replay
+  the saving one?). Where tensors differ, it says in how many elements and by how much.
 
 The compilation cache is off. Run:
     python tools/restore_probe.py --script dqn_minatar '--script-args=--total-timesteps 409600'
@@ -27,6 +29,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import safetensors  # noqa: E402
 import safetensors.numpy  # noqa: E402
@@ -75,6 +78,25 @@ def differing(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[str]:
                   or a[name].shape != b[name].shape or a[name].tobytes() != b[name].tobytes())
 
 
+def how_they_differ(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, dict]:
+    """For each tensor that differs in bits: how many of its elements do, whether they are equal
+    as numbers anyway (signed zeros, a bool's byte) and, for floats, the largest difference."""
+    found = {}
+    for name in differing(a, b):
+        x, y = a.get(name), b.get(name)
+        if x is None or y is None or x.dtype != y.dtype or x.shape != y.shape:
+            found[name] = {"comparable": False}
+            continue
+        rows = (x.reshape(-1).view(np.uint8).reshape(x.size, -1)
+                != y.reshape(-1).view(np.uint8).reshape(y.size, -1)).any(-1)
+        how = {"elements": int(rows.sum()), "of": int(x.size),
+               "values_equal": bool(np.array_equal(x, y, equal_nan=x.dtype.kind == "f"))}
+        if x.dtype.kind == "f":
+            how["max_abs"] = float(np.nanmax(np.abs(x.astype(np.float64) - y.astype(np.float64))))
+        found[name] = how
+    return found
+
+
 def main() -> None:
     args = tyro.cli(Args, description=__doc__.split("\n\n")[0])
     if args.iterations <= 0:
@@ -118,11 +140,16 @@ def main() -> None:
             header = f.metadata()
         state = jax.device_put(checkpoint.restore("probe", tensors, header, "runner", like), None)
         later = safetensors.numpy.load_file(os.path.join(args.load, LATER))
-        diff = differing(host_tensors(train(state, k)), later)
+        diff = how_they_differ(host_tensors(train(state, k)), later)
         with open(os.path.join(args.load, PROGRAM)) as f:
             same_program = f.read() == program_text(step)
+        # K and K iterations from the start in this process: does it replay the saving one?
+        fresh = train(init(runner_key), k)
+        fresh_diff = how_they_differ(host_tensors(fresh), tensors)
+        fresh_later = differing(host_tensors(train(fresh, k)), later)
         found = {"mode": "load", "continues_equal": not diff, "program_equal": same_program,
-                 "differing": diff}
+                 "fresh_equal": not fresh_diff, "fresh_continues_equal": not fresh_later,
+                 "differing": diff, "fresh_differing": fresh_diff}
     else:
         state = train(training.copy_tree(init(runner_key)), k)
         tensors, header = checkpoint.state_tensors({"runner": state}, {})
@@ -140,13 +167,20 @@ def main() -> None:
                                   None)
             fetched = jax.device_put(jax.device_get(state))
             straight = host_tensors(train(init(runner_key), 2 * k))
+            # Memory the state's size filled with NaN and freed, then K more from a copy: a
+            # program that read memory it never wrote would now see the NaN.
+            dirty = jax.tree.map(lambda x: jnp.full(x.shape, np.nan, jnp.float32), state)
+            jax.block_until_ready(dirty)
+            del dirty
+            after_dirty = host_tensors(train(training.copy_tree(state), k))
             step_again = compile_step()
             recompiled = host_tensors(train(training.copy_tree(state), k, step_again))
             diffs = {"deterministic": differing(again, live),
                      "restored_continues_equal": differing(host_tensors(train(back, k)), live),
                      "fetched_continues_equal": differing(host_tensors(train(fetched, k)), live),
                      "split_equals_straight": differing(straight, live),
-                     "recompiled_equal": differing(recompiled, live)}
+                     "recompiled_equal": differing(recompiled, live),
+                     "after_dirty_memory_equal": differing(after_dirty, live)}
             found = {"mode": "in_process", **{name: not d for name, d in diffs.items()},
                      "program_equal": program_text(step_again) == program_text(step),
                      "differing": {name: d for name, d in diffs.items() if d}}
