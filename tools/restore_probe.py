@@ -167,9 +167,15 @@ def main() -> None:
                                   None)
             fetched = jax.device_put(jax.device_get(state))
             straight = host_tensors(train(init(runner_key), 2 * k))
-            # Memory the state's size filled with NaN and freed, then K more from a copy: a
-            # program that read memory it never wrote would now see the NaN.
-            dirty = jax.tree.map(lambda x: jnp.full(x.shape, np.nan, jnp.float32), state)
+            # Memory filled with NaN and freed (pieces the state's leaves' sizes, and twice what
+            # the step uses in all), then K more from a copy: a program that read memory it never
+            # wrote would now see the NaN.
+            used = step.memory_analysis()
+            used = 2 * (used.temp_size_in_bytes + used.argument_size_in_bytes
+                        + used.output_size_in_bytes)
+            piece = 2 ** 24  # float32s: 64 MiB
+            dirty = [jnp.full(x.shape, np.nan, jnp.float32) for x in jax.tree.leaves(state)]
+            dirty += [jnp.full(piece, np.nan, jnp.float32) for _ in range(-(-used // (4 * piece)))]
             jax.block_until_ready(dirty)
             del dirty
             after_dirty = host_tensors(train(training.copy_tree(state), k))
