@@ -282,8 +282,8 @@ def checkpoint_identity(cfg, seeds: list[int], eval_episodes: int, num_chunks: i
             "stability": stability, "vmap_seeds": vmap_seeds}
 
 
-# On a TPU v5e, 32 seeds in groups of 8 trained faster than 32 at once for PPO, PQN and DQN, and
-# 8 at once about as fast as the 32 in groups (docs/accelerators.md, "The harness on the chip").
+# On a TPU v5e, 32 seeds at once trained slower than 32 in groups of 8 (PPO, PQN) and than 8 seeds
+# (DQN); 8 at once as fast as 32 in groups (docs/accelerators.md, "The harness on the chip").
 MAX_AUTO_GROUP = 8
 
 
