@@ -99,8 +99,21 @@ def row_of(summary: dict, run_dir: str, wall_seconds: float, peak_gb: float | No
            "wall_seconds": wall_seconds,  # a --load-model run trains nothing: it has no SPS
            "compile_seconds": summary["compile_seconds"], "sps": summary.get("sps"),
            "peak_gb": peak_gb, "run_dir": run_dir, "curve": learning_curve(run_dir, started),
-           "args": summary["args"], "model_sha256": model_digest(run_dir)}
+           "args": summary["args"], "model_sha256": model_digest(run_dir),
+           "device": summary.get("device")}  # None in runs from before summaries named it
     return row | ({"eval_curve": eval_curve(run_dir)} if summary["args"].get("eval_every") else {})
+
+
+def machine_of(rows: list[dict]) -> str:
+    """The machine the rows trained on, as tools.common.machine names it: the accelerator their
+    runs name first, where they name one (a run collected on another machine than the one that
+    trained it names its accelerator still; the CPU in brackets is this one's)."""
+    accelerators = {r["device"].rsplit(" x ", 1)[0]: r["device"] for r in rows
+                    if r.get("device") and not r["device"].startswith("cpu")}
+    if len(accelerators) > 1:
+        common.fail(f"the runs trained on different accelerators: {sorted(accelerators)}")
+    return (f"{next(iter(accelerators.values()))} ({common.machine()})" if accelerators
+            else common.machine())
 
 
 def collected_row(run_dir: str) -> dict:
@@ -205,7 +218,7 @@ def main() -> None:
               f"wall {run.wall_seconds:.1f}s", file=sys.stderr)
     table = {"command": common.without_cache_dir(
                  "python tools/results_table.py " + shlex.join(sys.argv[1:])),
-             "script": args.script, "policy": headline_policy(rows), "cpu": common.machine(),
+             "script": args.script, "policy": headline_policy(rows), "cpu": machine_of(rows),
              "rows": rows, "date": common.utc_date()}
     print_table(table)
     if args.out:
