@@ -315,3 +315,12 @@ def test_a_row_reads_the_policy_it_names(monkeypatch):
     # A harness file from before the harness recorded its policy is PPO's: sampled.
     files["ppo.json"] = {k: v for k, v in harness.items() if k not in ("policy", "other_policy")}
     assert make_tables.result_of("ppo.json", policy="sampled")["eval_returns"] == [1.0, 2.0]
+
+
+def test_a_models_machine_is_its_accelerator_or_its_cpus_cores():
+    assert make_tables.trained_on(
+        "TPU v5 lite x 1 (AMD EPYC, CPU family 175, 13 cores, no AVX-512)") == "TPU v5 lite x 1"
+    # A CPU's own brackets are not an accelerator's host.
+    assert make_tables.trained_on(
+        "Intel(R) Xeon(R) Processor, CPU family 6, 2 cores, AVX-512") == "2-core CPU"
+    assert make_tables.trained_on("AMD EPYC, CPU family 25, 2 cores, AVX-512") == "2-core CPU"

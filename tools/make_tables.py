@@ -472,6 +472,16 @@ def parts(table: dict) -> str:
     return "\n\n".join(render(dict(part, id=table["id"])) for part in table["parts"])
 
 
+def trained_on(machine: str) -> str:
+    """A results file's machine (tools.common.machine's words) in a few: "TPU v5 lite x 1", or
+    "2-core CPU" (the CPU's model is in the results file)."""
+    accelerator = re.match(r"(.+ x \d+) \(", machine)  # an accelerator, then its host's CPU
+    if accelerator:
+        return accelerator.group(1)
+    cores = re.search(r"(\d+) cores", machine)
+    return f"{cores.group(1)}-core CPU" if cores else "CPU"
+
+
 def models_table(table: dict) -> str:
     """The pretrained agents: each file in models/ with the run it came from (the file's digest is
     that run's model_sha256, or the table fails), its scores under both protocols and both policies
@@ -493,7 +503,7 @@ def models_table(table: dict) -> str:
         lines.append("| " + " | ".join([
             run["args"]["env_id"].removesuffix("-MinAtar"), f"`{script}.py`",
             f"[{os.path.basename(row['model'])}]({os.path.basename(row['model'])})",
-            f"{run['args']['total_timesteps'] / 1e6:g}M",
+            f"{run['args']['total_timesteps'] / 1e6:g}M", trained_on(result["cpu"]),
             *[f"{x['mean']:.1f}" for x in scores], f"`{play}`",
             f"`{seed_command(result, run)}`"]) + " |")
     return "\n".join(lines)
