@@ -55,8 +55,9 @@ class Args:
     harness_one_at_a_time: tuple[int, ...] = ()
     """seed counts N to time the harness with, the seeds one after another"""
     harness_vmap_seeds: int = 0
-    """seeds side by side in each group for --harness-seeds (0: the harness's default here, on a
-    GPU or TPU a device's seeds in equal groups of at most 8); the groups run one after another"""
+    """seeds side by side in each group for --harness-seeds (0: the harness's default here; on a
+    GPU or TPU up to 16 at once, equal groups of at most 8 past that); the groups run one after
+    another"""
     harness_timesteps: int = 0
     """steps per seed of each harness measurement (0: the script's --total-timesteps)"""
     out: str = ""

@@ -198,9 +198,10 @@ def test_seeds_side_by_side_train_each_seed_as_beside_any_others(monkeypatch):
     assert tune.seed_layout(5, 1) == (1, 1)
     monkeypatch.setattr(jax, "devices", lambda: [type("Tpu", (), {"platform": "tpu"})()] * 2)
     assert tune.seed_layout(5) == (2, 3) and tune.seed_layout(5, 1) == (1, 5)
-    # More than eight on a device: equal groups of at most eight, the fewest that hold them.
-    assert tune.seed_layout(32, 1) == (1, 8) and tune.seed_layout(10, 1) == (1, 5)
-    assert tune.seed_layout(17, 1) == (1, 6) and tune.seed_layout(32) == (2, 8)
+    # Up to 16 on a device at once; more in the fewest equal groups of at most eight.
+    assert tune.seed_layout(10, 1) == (1, 10) and tune.seed_layout(16, 1) == (1, 16)
+    assert tune.seed_layout(32, 1) == (1, 8) and tune.seed_layout(17, 1) == (1, 6)
+    assert tune.seed_layout(32) == (2, 16) and tune.seed_layout(64) == (2, 8)
     assert tune.seed_layout(32, 1, 32) == (1, 32)  # asked for: kept
 
 

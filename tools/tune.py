@@ -168,8 +168,8 @@ class Args:
     """the number of devices the seeds are split across; 0 takes all, up to one per seed"""
     vmap_seeds: int = 0
     """seeds each device trains side by side in one vmapped program, its groups one after
-    another (0: one on a CPU, where vmap gains nothing; on a GPU or TPU all of a device's seeds,
-    or equal groups of at most 8 where it has more); a seed's result depends on this count"""
+    another (0: one on a CPU, where vmap gains nothing; on a GPU or TPU all of a device's seeds
+    up to 16, equal groups of at most 8 past that); a seed's result depends on this count"""
     out: str = ""
     """also write the JSON result to this file"""
     baseline: str = ""
@@ -282,20 +282,21 @@ def checkpoint_identity(cfg, seeds: list[int], eval_episodes: int, num_chunks: i
             "stability": stability, "vmap_seeds": vmap_seeds}
 
 
-# On a TPU v5e, 32 seeds at once trained slower than 32 in groups of 8 (PPO, PQN) and than 8 seeds
-# (DQN); 8 at once as fast as 32 in groups (docs/accelerators.md, "The harness on the chip").
-MAX_AUTO_GROUP = 8
+# On a TPU v5e 32 seeds at once trained slower than 32 in groups of 8 (PPO, PQN) and than 8 seeds
+# (DQN), while 10 DQN seeds at once trained as fast as 8 (docs/accelerators.md, "The harness on
+# the chip"). Nothing between 10 and 32 at once was measured: up to 16 go at once, more in groups.
+MAX_AUTO_AT_ONCE, AUTO_GROUP = 16, 8
 
 
 def seed_layout(num_seeds: int, num_devices: int = 0, vmap_seeds: int = 0) -> tuple[int, int]:
     """(devices, seeds side by side on each) for `num_seeds` seeds: the harness's --num-devices
     and --vmap-seeds with 0 resolved (all devices, up to one per seed; one seed at a time on a
-    CPU; on an accelerator a device's seeds at once, or in as few equal groups of at most
-    MAX_AUTO_GROUP as hold them)."""
+    CPU; on an accelerator a device's seeds at once, or, past MAX_AUTO_AT_ONCE, in as few equal
+    groups of at most AUTO_GROUP as hold them)."""
     num_devices = min(num_devices or len(jax.devices()), num_seeds)
     if not vmap_seeds:
         per_device = -(-num_seeds // num_devices)
-        groups = -(-per_device // MAX_AUTO_GROUP)
+        groups = 1 if per_device <= MAX_AUTO_AT_ONCE else -(-per_device // AUTO_GROUP)
         vmap_seeds = 1 if jax.devices()[0].platform == "cpu" else -(-per_device // groups)
     return num_devices, vmap_seeds
 
