@@ -19,6 +19,32 @@ def probe(tmp_path, *flags):
     return run_main(restore_probe, tmp_path, *SCRIPT, *flags, timeout=300)
 
 
+def test_how_tensors_differ_counts_elements_and_tells_equal_numbers_apart():
+    a = {"w": np.array([0.0, 1.0, 2.0], np.float32), "b": np.array([True, False]),
+         "n": np.array([1, 2], np.int32), "gone": np.zeros(2, np.float32)}
+    b = {"w": np.array([-0.0, 1.0, 2.5], np.float32), "b": np.array([True, False]),
+         "n": np.array([1, 2], np.int64)}
+    assert restore_probe.how_they_differ(a, b) == {
+        "w": {"elements": 2, "of": 3, "values_equal": False, "not_finite_on_one_side": 0,
+              "max_abs": 0.5},
+        "n": {"comparable": False}, "gone": {"comparable": False}}
+    signed_zero = restore_probe.how_they_differ({"z": np.zeros(4, np.float32)},
+                                                {"z": -np.zeros(4, np.float32)})
+    assert signed_zero == {"z": {"elements": 4, "of": 4, "values_equal": True,
+                                 "not_finite_on_one_side": 0, "max_abs": 0.0}}
+    # NaN (memory never written, say) against a number: counted apart, not hidden in the largest
+    # difference, which is over the elements finite on both sides (None where there are none).
+    nan = restore_probe.how_they_differ({"x": np.array([np.nan, 2.0, 3.0], np.float32)},
+                                        {"x": np.array([1.0, 2.0, 3.5], np.float32)})
+    assert nan == {"x": {"elements": 2, "of": 3, "values_equal": False,
+                         "not_finite_on_one_side": 1, "max_abs": 0.5}}
+    inf = restore_probe.how_they_differ({"x": np.array([np.inf], np.float32)},
+                                        {"x": np.array([1.0], np.float32)})
+    assert inf["x"]["not_finite_on_one_side"] == 1 and inf["x"]["max_abs"] is None
+    flipped = restore_probe.how_they_differ({"b": np.array([True, False])},
+                                            {"b": np.array([False, False])})
+    assert flipped == {"b": {"elements": 1, "of": 2, "values_equal": False}}
+
 def test_in_one_process_a_restored_state_trains_on_as_the_live_one(tmp_path):
     result = probe(tmp_path, "--out", "r.json")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -84,22 +110,9 @@ def test_across_processes_a_saved_state_trains_on_as_it_did(tmp_path):
     assert not report["continues_equal"] and report["differing"]
     # This process's own run from the start replays the saving one: it differs in that bit only.
     assert report["fresh_differing"] == {name: {
-        "elements": 1, "of": flipped.size, "values_equal": False,
+        "elements": 1, "of": flipped.size, "values_equal": False, "not_finite_on_one_side": 0,
         "max_abs": float(abs(np.float64(flipped.flat[0]) - np.float64(tensors[name].flat[0])))}}
     assert report["fresh_continues_equal"]
-
-
-def test_how_tensors_differ_counts_elements_and_tells_equal_numbers_apart():
-    a = {"w": np.array([0.0, 1.0, 2.0], np.float32), "b": np.array([True, False]),
-         "n": np.array([1, 2], np.int32), "gone": np.zeros(2, np.float32)}
-    b = {"w": np.array([-0.0, 1.0, 2.5], np.float32), "b": np.array([True, False]),
-         "n": np.array([1, 2], np.int64)}
-    assert restore_probe.how_they_differ(a, b) == {
-        "w": {"elements": 2, "of": 3, "values_equal": False, "max_abs": 0.5},
-        "n": {"comparable": False}, "gone": {"comparable": False}}
-    signed_zero = restore_probe.how_they_differ({"z": np.zeros(4, np.float32)},
-                                                {"z": -np.zeros(4, np.float32)})
-    assert signed_zero == {"z": {"elements": 4, "of": 4, "values_equal": True, "max_abs": 0.0}}
 
 
 def test_bad_input_gets_one_line(tmp_path):

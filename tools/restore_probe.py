@@ -7,8 +7,9 @@ this says whether the state's round trip or the update step is to blame.
   as utils/training.Run compiles it: ahead of time, the state donated), then: K more twice from
   copies of that state (is the step deterministic?); K more from the state restored from its
   checkpoint tensors; K more from the state fetched to the host and put back; and 2K straight from
-  the start (is K then K the same as 2K?); K more after memory the state's size was filled with
-  NaN and freed (does the step read memory it never wrote?); and K more with the update step
+  the start (is K then K the same as 2K?); K more after memory was filled with NaN and freed
+  (pieces the state's leaves' sizes, and twice what the step uses: does the step read memory it
+  never wrote?); and K more with the update step
   compiled a second time (does the compiler give the same program, and the same bits?).
 - Across two processes: `--save DIR` writes the state after K iterations and the state K later
   (checkpoint tensors) and the compiled update step's text; `--load DIR`, in another process,
@@ -80,7 +81,9 @@ def differing(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[str]:
 
 def how_they_differ(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[str, dict]:
     """For each tensor that differs in bits: how many of its elements do, whether they are equal
-    as numbers anyway (signed zeros, a bool's byte) and, for floats, the largest difference."""
+    as numbers anyway (signed zeros, a bool's byte) and, for floats (bfloat16 too), in how many
+    elements one side is NaN or infinite and the other not, and the largest difference where both
+    are finite (None where no element is)."""
     found = {}
     for name in differing(a, b):
         x, y = a.get(name), b.get(name)
@@ -89,10 +92,15 @@ def how_they_differ(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> dict[
             continue
         rows = (x.reshape(-1).view(np.uint8).reshape(x.size, -1)
                 != y.reshape(-1).view(np.uint8).reshape(y.size, -1)).any(-1)
+        floating = np.issubdtype(x.dtype, np.floating) or x.dtype == jnp.bfloat16
         how = {"elements": int(rows.sum()), "of": int(x.size),
-               "values_equal": bool(np.array_equal(x, y, equal_nan=x.dtype.kind == "f"))}
-        if x.dtype.kind == "f":
-            how["max_abs"] = float(np.nanmax(np.abs(x.astype(np.float64) - y.astype(np.float64))))
+               "values_equal": bool(np.array_equal(x, y, equal_nan=floating))}
+        if floating:
+            x, y = x.astype(np.float64), y.astype(np.float64)
+            nan_x, nan_y, finite = np.isnan(x), np.isnan(y), np.isfinite(x) & np.isfinite(y)
+            how["not_finite_on_one_side"] = int(((nan_x != nan_y)
+                                                 | (np.isinf(x) & (x != y))).sum())
+            how["max_abs"] = float(np.abs(x - y)[finite].max()) if finite.any() else None
         found[name] = how
     return found
 
@@ -193,7 +201,7 @@ def main() -> None:
     common.write_report(common.new_report(
         machine=common.machine(jax.devices()), script=tune.name_of(script),
         script_args=args.script_args, iterations=k, **found), args.out)
-    if found.get("differing"):
+    if found.get("differing") or found.get("fresh_differing"):
         sys.exit(1)
 
 
