@@ -324,3 +324,8 @@ def test_a_models_machine_is_its_accelerator_or_its_cpus_cores():
     assert make_tables.trained_on(
         "Intel(R) Xeon(R) Processor, CPU family 6, 2 cores, AVX-512") == "2-core CPU"
     assert make_tables.trained_on("AMD EPYC, CPU family 25, 2 cores, AVX-512") == "2-core CPU"
+    # The run's own device first: a chip's run collected on another machine.
+    assert make_tables.trained_on("AMD EPYC, CPU family 25, 2 cores, AVX-512",
+                                  "TPU v5 lite x 1") == "TPU v5 lite x 1"
+    assert make_tables.trained_on("AMD EPYC, CPU family 25, 2 cores, AVX-512",
+                                  "cpu x 2") == "2-core CPU"

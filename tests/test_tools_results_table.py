@@ -2,10 +2,13 @@
 status 2."""
 
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
+
+from tools import common
 
 TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
                      "results_table.py")
@@ -64,23 +67,24 @@ def test_collect_makes_the_rows_of_finished_runs_and_their_commands(tmp_path, ti
         "python ppo_breakout.py --seed 3 --num-devices 2 --eval-every 1 --total-timesteps 4096 "
         "--num-envs 16 --num-minibatches 4 --update-epochs 1")
     # The machine that trained: this CPU; a run that trained on a chip names the chip.
-    from tools import common
     assert row["device"] == "cpu x 2"
     assert json.loads(out.read_text())["cpu"] == common.machine()
-    import shutil
-    chip, other = tmp_path / "chip", tmp_path / "other_chip"
-    for copy, device in ((chip, "TPU v5 lite x 1"), (other, "TPU v4 x 1")):
+    chip, other, four = tmp_path / "chip", tmp_path / "other_chip", tmp_path / "four_chips"
+    for copy, device in ((chip, "TPU v5 lite x 1"), (other, "TPU v4 x 1"),
+                         (four, "TPU v5 lite x 4")):
         shutil.copytree(run_dir, copy)
         (copy / "summary.json").write_text(json.dumps({**summary, "device": device}))
     on_chip = run_table(tmp_path, "--collect", str(chip), "--out", str(tmp_path / "chip.json"))
     assert on_chip.returncode == 0, on_chip.stderr
     assert json.loads((tmp_path / "chip.json").read_text())["cpu"] == (
         f"TPU v5 lite x 1 ({common.machine()})")
-    mixed = run_table(tmp_path, "--collect", str(chip), str(other), "--out",
-                      str(tmp_path / "mixed.json"))
-    assert mixed.returncode == 2 and "different accelerators" in mixed.stderr
-    assert len(mixed.stderr.strip().splitlines()) == 1
-    assert not (tmp_path / "mixed.json").exists()
+    # Runs from different devices (another chip, another count, a CPU) make no one table.
+    for second in (other, four, run_dir):
+        mixed = run_table(tmp_path, "--collect", str(chip), str(second), "--out",
+                          str(tmp_path / "mixed.json"))
+        assert mixed.returncode == 2 and "different devices" in mixed.stderr
+        assert len(mixed.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "mixed.json").exists()
     # A run that did not complete is refused, and nothing is written.
     summary["status"] = "interrupted"
     stopped = tmp_path / "stopped"
@@ -95,7 +99,6 @@ def test_a_load_model_run_makes_a_row_without_training_speed(tmp_path, tiny_run)
     # A --load-model run trains nothing: its summary has no SPS and its row says so (None), where
     # the table used to end in a KeyError.
     import json
-    import shutil
 
     _, run_dir = tiny_run
     played = tmp_path / "played"

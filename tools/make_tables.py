@@ -472,9 +472,12 @@ def parts(table: dict) -> str:
     return "\n\n".join(render(dict(part, id=table["id"])) for part in table["parts"])
 
 
-def trained_on(machine: str) -> str:
-    """A results file's machine (tools.common.machine's words) in a few: "TPU v5 lite x 1", or
-    "2-core CPU" (the CPU's model is in the results file)."""
+def trained_on(machine: str, device: str | None = None) -> str:
+    """Where a model's run trained, in a few words: the accelerator its run named (`device`, in
+    runs since summaries name it) or its results file's machine names (tools.common.machine's
+    words), "TPU v5 lite x 1"; else the CPU's cores, "2-core CPU" (its model is in the file)."""
+    if device and not device.startswith("cpu"):
+        return device
     accelerator = re.match(r"(.+ x \d+) \(", machine)  # an accelerator, then its host's CPU
     if accelerator:
         return accelerator.group(1)
@@ -503,7 +506,8 @@ def models_table(table: dict) -> str:
         lines.append("| " + " | ".join([
             run["args"]["env_id"].removesuffix("-MinAtar"), f"`{script}.py`",
             f"[{os.path.basename(row['model'])}]({os.path.basename(row['model'])})",
-            f"{run['args']['total_timesteps'] / 1e6:g}M", trained_on(result["cpu"]),
+            f"{run['args']['total_timesteps'] / 1e6:g}M", trained_on(result["cpu"],
+                                                                     run.get("device")),
             *[f"{x['mean']:.1f}" for x in scores], f"`{play}`",
             f"`{seed_command(result, run)}`"]) + " |")
     return "\n".join(lines)

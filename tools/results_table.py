@@ -105,15 +105,15 @@ def row_of(summary: dict, run_dir: str, wall_seconds: float, peak_gb: float | No
 
 
 def machine_of(rows: list[dict]) -> str:
-    """The machine the rows trained on, as tools.common.machine names it: the accelerator their
-    runs name first, where they name one (a run collected on another machine than the one that
-    trained it names its accelerator still; the CPU in brackets is this one's)."""
-    accelerators = {r["device"].rsplit(" x ", 1)[0]: r["device"] for r in rows
-                    if r.get("device") and not r["device"].startswith("cpu")}
-    if len(accelerators) > 1:
-        common.fail(f"the runs trained on different accelerators: {sorted(accelerators)}")
-    return (f"{next(iter(accelerators.values()))} ({common.machine()})" if accelerators
-            else common.machine())
+    """The machine the rows trained on, as tools.common.machine names it: this one's CPU, with
+    first the accelerator their runs name where they name one (a run collected here from the
+    machine that trained it). Rows from different devices, or device counts, are refused."""
+    devices = {r["device"] for r in rows if r.get("device")}
+    if len(devices) > 1:
+        common.fail(f"the runs trained on different devices: {sorted(devices)}")
+    if devices and not next(iter(devices)).startswith("cpu"):
+        return f"{next(iter(devices))} ({common.machine()})"
+    return common.machine()
 
 
 def collected_row(run_dir: str) -> dict:
