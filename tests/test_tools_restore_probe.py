@@ -45,7 +45,17 @@ def test_how_tensors_differ_counts_elements_and_tells_equal_numbers_apart():
                                             {"b": np.array([False, False])})
     assert flipped == {"b": {"elements": 1, "of": 2, "values_equal": False}}
 
-def test_in_one_process_a_restored_state_trains_on_as_the_live_one(tmp_path):
+
+def test_in_one_process_a_restored_state_trains_on_as_the_live_one(tmp_path, monkeypatch):
+    full, nan_bytes = restore_probe.jnp.full, []
+
+    def recorded(shape, fill_value, *args, **kwargs):  # the memory the probe dirties, in bytes
+        made = full(shape, fill_value, *args, **kwargs)
+        if np.isnan(fill_value):
+            nan_bytes.append(made.nbytes)
+        return made
+
+    monkeypatch.setattr(restore_probe.jnp, "full", recorded)
     result = probe(tmp_path, "--out", "r.json")
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "r.json").read_text())
@@ -54,6 +64,8 @@ def test_in_one_process_a_restored_state_trains_on_as_the_live_one(tmp_path):
                                          "fetched_continues_equal", "split_equals_straight",
                                          "recompiled_equal", "after_dirty_memory_equal",
                                          "program_equal"))
+    # Before that check, memory was filled with NaN: a piece per leaf and at least 64 MiB more.
+    assert len(nan_bytes) > 1 and sum(nan_bytes) >= 2 ** 26
 
 
 def test_a_restore_that_changes_a_leaf_is_found(tmp_path, monkeypatch):
