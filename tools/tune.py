@@ -294,11 +294,13 @@ def seed_layout(num_seeds: int, num_devices: int = 0, vmap_seeds: int = 0) -> tu
     CPU; on an accelerator a device's seeds at once, or, past MAX_AUTO_AT_ONCE, in as few equal
     groups of at most AUTO_GROUP as hold them)."""
     num_devices = min(num_devices or len(jax.devices()), num_seeds)
-    if not vmap_seeds:
-        per_device = -(-num_seeds // num_devices)
-        groups = 1 if per_device <= MAX_AUTO_AT_ONCE else -(-per_device // AUTO_GROUP)
-        vmap_seeds = 1 if jax.devices()[0].platform == "cpu" else -(-per_device // groups)
-    return num_devices, vmap_seeds
+    if vmap_seeds:
+        return num_devices, vmap_seeds
+    if jax.devices()[0].platform == "cpu":
+        return num_devices, 1
+    per_device = -(-num_seeds // num_devices)
+    groups = 1 if per_device <= MAX_AUTO_AT_ONCE else -(-per_device // AUTO_GROUP)
+    return num_devices, -(-per_device // groups)
 
 
 def read_checkpoint(path: str, identity: dict) -> tuple[dict, dict] | None:
