@@ -32,6 +32,22 @@ def test_a_state_with_a_typed_key_round_trips_bit_for_bit(tmp_path):
                            state | {"x": np.zeros((2, 4), np.float32)})
 
 
+def test_a_column_major_array_is_written_in_its_own_order(tmp_path):
+    # A TPU hands some arrays to the host in column-major order (a (256, 3) weight matrix): their
+    # values are right, but safetensors writes memory as it lies, so they came back transposed.
+    # state_tensors is also what the background writer and tools/restore_probe.py write.
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    cube = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
+    state = {"w": np.asfortranarray(x), "cube": cube.transpose(2, 1, 0).copy().transpose(2, 1, 0)}
+    assert not state["w"].flags.c_contiguous and not state["cube"].flags.c_contiguous
+    path = str(tmp_path / "state.safetensors")
+    files.write_atomically(path, checkpoint.state_bytes({"state": state}, {}))
+    tensors, header = files.read_safetensors(path, "")
+    restored = checkpoint.restore(path, tensors, header, "state", state)
+    np.testing.assert_array_equal(restored["w"], x)
+    np.testing.assert_array_equal(restored["cube"], cube)
+
+
 def test_a_checkpoint_holds_the_state_as_saved_while_the_next_step_takes_over_its_memory(
         tmp_path, monkeypatch):
     # The run's update step is donated the state it steps: the run hands a checkpoint a copy made on

@@ -55,6 +55,20 @@ def test_saved_model_round_trips_with_the_network_arguments_in_its_header(tmp_pa
         model_file.load_model(path, network_args(args), other)
 
 
+def test_a_column_major_parameter_is_saved_in_its_own_order(tmp_path):
+    # A TPU hands some parameters to the host in column-major order (the (128, 3) policy layer):
+    # safetensors writes memory as it lies, so the saved agent's layer was transposed and the
+    # agent, played, scored 0.
+    args = tyro.cli(ppo.Args, args=["--hidden-sizes", "8", "4", "--conv-channels", "0"])
+    params = tiny_network_params(args)
+    column_major = jax.tree.map(lambda x: np.asfortranarray(np.asarray(x)), params)
+    assert not column_major["policy"]["w"].flags.c_contiguous
+    path = str(tmp_path / "model.safetensors")
+    model_file.save_model(path, column_major, network_args(args), {})
+    jax.tree.map(np.testing.assert_array_equal,
+                 model_file.load_model(path, network_args(args), params), params)
+
+
 def test_a_failed_save_leaves_neither_a_model_nor_a_temporary_file(tmp_path, monkeypatch):
     args = tyro.cli(ppo.Args, args=["--hidden-sizes", "8", "4"])
     def full_disk(*_):

@@ -21,6 +21,7 @@ from utils.files import (
     header_value,
     read_safetensors,
     remove_partial_writes,
+    row_major,
     source_digest,
     write_atomically,
 )
@@ -71,7 +72,7 @@ def state_tensors(trees: dict, header: dict[str, str]) -> tuple[dict[str, np.nda
     key_impls = {name: str(jax.random.key_impl(x))
                  for name, (_, x) in zip(names, leaves) if is_key(x)}
     raw = jax.device_get([jax.random.key_data(x) if is_key(x) else x for _, x in leaves])  # at once
-    tensors = {name: np.asarray(x) for name, x in zip(names, raw)}
+    tensors = {name: row_major(x) for name, x in zip(names, raw)}
     return tensors, header | {"key_impls": json.dumps(key_impls)}
 
 

@@ -47,6 +47,14 @@ def remove_partial_writes(directory: str) -> None:
             os.remove(os.path.join(directory, name))
 
 
+def row_major(x) -> np.ndarray:
+    """`x` as a row-major (C-order) numpy array: safetensors writes an array's memory as it lies,
+    whatever its strides, and a TPU hands some arrays to the host in column-major order (a
+    (128, 3) weight matrix, say), which would be written transposed. A row-major array is returned
+    as it is, sharing its memory."""
+    return np.ascontiguousarray(x)
+
+
 def read_safetensors(path: str, what: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """(tensors, header) of the safetensors file at `path`; ValueError saying what is wrong, `what`
     being the flag that named the file."""

@@ -11,7 +11,7 @@ import numpy as np
 import safetensors.numpy
 
 from utils.cli import flag, show
-from utils.files import header_value, read_safetensors, write_atomically
+from utils.files import header_value, read_safetensors, row_major, write_atomically
 
 MODEL = "model.safetensors"
 
@@ -19,7 +19,7 @@ MODEL = "model.safetensors"
 def save_model(path: str, params: dict, network_args: dict, metadata: dict[str, str]) -> None:
     """Writes `params` to `path` atomically, with `network_args` ({name: value}, JSON-encoded) and
     `metadata` in the header."""
-    tensors = {f"{module}/{name}": np.asarray(value)
+    tensors = {f"{module}/{name}": row_major(value)
                for module, leaves in params.items() for name, value in leaves.items()}
     header = {name: json.dumps(value) for name, value in network_args.items()} | metadata
     write_atomically(path, safetensors.numpy.save(tensors, header))
