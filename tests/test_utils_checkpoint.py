@@ -38,7 +38,8 @@ def test_a_column_major_array_is_written_in_its_own_order(tmp_path):
     # state_tensors is also what the background writer and tools/restore_probe.py write.
     x = np.arange(12, dtype=np.float32).reshape(4, 3)
     cube = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
-    state = {"w": np.asfortranarray(x), "cube": cube.transpose(2, 1, 0).copy().transpose(2, 1, 0)}
+    state = {"w": np.asfortranarray(x), "cube": cube.transpose(2, 1, 0).copy().transpose(2, 1, 0),
+             "count": np.int32(7)}  # and a scalar stays one
     assert not state["w"].flags.c_contiguous and not state["cube"].flags.c_contiguous
     path = str(tmp_path / "state.safetensors")
     files.write_atomically(path, checkpoint.state_bytes({"state": state}, {}))
@@ -46,6 +47,7 @@ def test_a_column_major_array_is_written_in_its_own_order(tmp_path):
     restored = checkpoint.restore(path, tensors, header, "state", state)
     np.testing.assert_array_equal(restored["w"], x)
     np.testing.assert_array_equal(restored["cube"], cube)
+    assert restored["count"].shape == () and restored["count"] == 7
 
 
 def test_a_checkpoint_holds_the_state_as_saved_while_the_next_step_takes_over_its_memory(

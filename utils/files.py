@@ -52,7 +52,7 @@ def row_major(x) -> np.ndarray:
     whatever its strides, and a TPU hands some arrays to the host in column-major order (a
     (128, 3) weight matrix, say), which would be written transposed. A row-major array is returned
     as it is, sharing its memory."""
-    return np.ascontiguousarray(x)
+    return np.asarray(x, order="C")
 
 
 def read_safetensors(path: str, what: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
