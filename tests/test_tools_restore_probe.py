@@ -63,9 +63,36 @@ def test_in_one_process_a_restored_state_trains_on_as_the_live_one(tmp_path, mon
     assert all(report[name] for name in ("deterministic", "restored_continues_equal",
                                          "fetched_continues_equal", "split_equals_straight",
                                          "recompiled_equal", "after_dirty_memory_equal",
-                                         "program_equal"))
+                                         "file_restored_continues_equal", "program_equal"))
+    assert report["column_major_on_host"] == []  # the CPU hands every array over row-major
     # Before that check, memory was filled with NaN: a piece per leaf and at least 64 MiB more.
     assert len(nan_bytes) > 1 and sum(nan_bytes) >= 2 ** 26
+
+
+def test_column_major_arrays_on_the_host_are_listed_and_written_in_their_own_order(
+        tmp_path, monkeypatch):
+    # As a TPU hands some arrays over: column-major on the host, the values right. The probe lists
+    # them, and its state written as a file and read back trains on as the live one.
+    import jax
+    device_get = jax.device_get
+
+    def column_major(tree):
+        return jax.tree.map(lambda x: np.asarray(x, order="F") if isinstance(x, np.ndarray) else x,
+                            device_get(tree))
+
+    monkeypatch.setattr(jax, "device_get", column_major)
+    result = probe(tmp_path, "--out", "r.json")
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert "runner.params['policy']['w']" in report["column_major_on_host"]
+    assert report["file_restored_continues_equal"]
+    # Written as their memory lies (the writer before the fix), they come back transposed.
+    monkeypatch.setattr(checkpoint, "row_major", np.asarray)
+    result = probe(tmp_path, "--out", "r2.json")
+    assert result.returncode == 1
+    report = json.loads((tmp_path / "r2.json").read_text())
+    assert not report["file_restored_continues_equal"] and report["restored_continues_equal"]
+    assert any("['w']" in name for name in report["differing"]["file_restored_continues_equal"])
 
 
 def test_a_restore_that_changes_a_leaf_is_found(tmp_path, monkeypatch):

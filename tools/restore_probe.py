@@ -6,11 +6,13 @@ this says whether the state's round trip or the update step is to blame.
 - In one process (the default): from the initial state, K iterations of the update step (compiled
   as utils/training.Run compiles it: ahead of time, the state donated), then: K more twice from
   copies of that state (is the step deterministic?); K more from the state restored from its
-  checkpoint tensors; K more from the state fetched to the host and put back; and 2K straight from
-  the start (is K then K the same as 2K?); K more after memory was filled with NaN and freed
-  (pieces the state's leaves' sizes, and twice what the step uses: does the step read memory it
-  never wrote?); and K more with the update step
-  compiled a second time (does the compiler give the same program, and the same bits?).
+  checkpoint tensors; K more from the state written as a checkpoint file and read back; K more
+  from the state fetched to the host and put back; 2K straight from the start (is K then K the
+  same as 2K?); K more after memory was filled with NaN and freed (pieces the state's leaves'
+  sizes, and twice what the step uses: does the step read memory it never wrote?); and K more
+  with the update step compiled a second time (does the compiler give the same program, and the
+  same bits?). It lists the tensors that reach the host in another order than row-major
+  (column_major_on_host).
 - Across two processes: `--save DIR` writes the state after K iterations and the state K later
   (checkpoint tensors) and the compiled update step's text; `--load DIR`, in another process,
   restores the first, runs K iterations and compares them with the second, and its own compiled
@@ -26,6 +28,7 @@ import os
 import re
 import shlex
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -37,7 +40,7 @@ import safetensors.numpy  # noqa: E402
 import tyro  # noqa: E402
 
 from tools import common, tune  # noqa: E402
-from utils import checkpoint, training  # noqa: E402
+from utils import checkpoint, files, training  # noqa: E402
 from utils.env import make_env  # noqa: E402
 
 SAVED, LATER, PROGRAM = "state.safetensors", "later.safetensors", "program.txt"
@@ -70,6 +73,17 @@ def program_text(compiled) -> str:
     lines = [line for line in compiled.as_text().splitlines()
              if not re.match(r"(\d+ |FileNames|FunctionNames|FileLocations|StackFrames)", line)]
     return re.sub(r", metadata=\{[^}]*\}", "", "\n".join(lines))
+
+
+def column_major_on_host(state) -> list[str]:
+    """The state's tensors that arrive on the host in another order than row-major (a TPU hands
+    some over column-major): a writer that copies memory as it lies would write them transposed
+    (utils/files.row_major)."""
+    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+    raw = jax.device_get([jax.random.key_data(x) if checkpoint.is_key(x) else x
+                          for _, x in leaves])
+    return sorted("runner" + jax.tree_util.keystr(path)
+                  for (path, _), x in zip(leaves, raw) if not np.asarray(x).flags.c_contiguous)
 
 
 def differing(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[str]:
@@ -187,15 +201,24 @@ def main() -> None:
             jax.block_until_ready(dirty)
             del dirty
             after_dirty = host_tensors(train(training.copy_tree(state), k))
+            # As a checkpoint is written and read: the file's bytes, not the host's arrays.
+            with tempfile.TemporaryDirectory() as work:
+                path = os.path.join(work, "state.safetensors")
+                files.write_atomically(path, checkpoint.state_bytes({"runner": state}, {}))
+                from_file = jax.device_put(checkpoint.restore(
+                    path, *files.read_safetensors(path, "probe"), "runner", like), None)
             step_again = compile_step()
             recompiled = host_tensors(train(training.copy_tree(state), k, step_again))
             diffs = {"deterministic": differing(again, live),
                      "restored_continues_equal": differing(host_tensors(train(back, k)), live),
                      "fetched_continues_equal": differing(host_tensors(train(fetched, k)), live),
+                     "file_restored_continues_equal": differing(
+                         host_tensors(train(from_file, k)), live),
                      "split_equals_straight": differing(straight, live),
                      "recompiled_equal": differing(recompiled, live),
                      "after_dirty_memory_equal": differing(after_dirty, live)}
             found = {"mode": "in_process", **{name: not d for name, d in diffs.items()},
+                     "column_major_on_host": column_major_on_host(state),
                      "program_equal": program_text(step_again) == program_text(step),
                      "differing": {name: d for name, d in diffs.items() if d}}
     common.write_report(common.new_report(
