@@ -150,6 +150,7 @@ def test_a_killed_harness_run_resumes_from_its_last_chunk_bit_for_bit(tmp_path, 
     for key in ("seeds", "eval_returns", "curve", "summary", "pooled_curve", "changed_args",
                 "stability"):
         assert again[key] == whole_run[key], key
+    assert again["resumed_after_chunk"] == 1 and "resumed_after_chunk" not in whole_run
 
     # Killed after its last chunk (in the evaluation): the same command trains nothing and
     # evaluates the trained seeds, as the run that was not stopped did.
@@ -157,6 +158,7 @@ def test_a_killed_harness_run_resumes_from_its_last_chunk_bit_for_bit(tmp_path, 
     assert finished.returncode == 0, finished.stderr
     assert "chunk " not in finished.stderr
     assert json.loads(finished.stdout)["eval_returns"] == whole_run["eval_returns"]
+    assert json.loads(finished.stdout)["resumed_after_chunk"] == 4
 
 
 def test_a_seed_trains_the_same_beside_any_seeds_on_any_number_of_devices(whole_run):

@@ -22,7 +22,8 @@ seeds (differences with intervals, probability of improvement). See tools/stats.
 
 With --checkpoint-dir, the training state is written there after every chunk; a run killed midway
 resumes from its last chunk when the same command runs again, and ends with the same result, bit for
-bit, as a run never interrupted.
+bit, as a run never interrupted; its JSON then says how many chunks came from the checkpoint
+(`resumed_after_chunk`).
 
 Seed k here is not `ppo_breakout.py --seed k` (nor pqn_minatar's): a script splits one seed's
 environments over the devices and folds the device index into its keys. Docs: docs/tuning.md.
@@ -211,6 +212,8 @@ class SeedsResult(NamedTuple):
     other_returns: np.ndarray | None = None
     other_returns_minatar: np.ndarray | None = None
     other_bound_hits: np.ndarray | None = None
+    # chunks the run took from its checkpoint (0: it trained whole in this process)
+    resumed_after_chunk: int = 0
 
 
 def settings(args):
@@ -527,6 +530,7 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
         runners = jax.tree.map(lambda x: jnp.concatenate([x, *[x[-1:]] * pad]), seed_runners)
         runners = jax.device_put(runners, seed_sharding)
 
+    resumed_after_chunk = len(return_sums)  # chunks taken from the checkpoint
     train_start = time.time() - train_seconds
     for chunk in range(len(return_sums), len(iteration_counts)):
         runners, chunk_return_sums, chunk_episodes, chunk_extremes = train(
@@ -565,7 +569,8 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
                        episodes=np.stack(episodes, axis=1), chunk_steps=chunk_steps,
                        compile_seconds=compile_seconds, train_seconds=train_seconds,
                        eval_seconds=time.time() - eval_start, stability=stability or None,
-                       vmap_seeds=group, compile_parts=compile_parts, **other)
+                       vmap_seeds=group, compile_parts=compile_parts,
+                       resumed_after_chunk=resumed_after_chunk, **other)
 
 
 def changed_args(cfg) -> dict:
@@ -622,6 +627,8 @@ def result_json(cfg, seeds: list[int], result: SeedsResult, eval_episodes: int,
             "minatar_bound_hits": [int(n) for n in result.other_bound_hits],
             "summary": stats.summarize(result.other_returns),
             "summary_minatar": stats.summarize(result.other_returns_minatar)}
+    if result.resumed_after_chunk:  # compile and wall seconds are the last process's alone
+        out["resumed_after_chunk"] = result.resumed_after_chunk
     if result.stability is not None:
         out["stability"] = result.stability
     # on this run's seeds: a seed's result does not depend on the others run
