@@ -1,5 +1,5 @@
 """Tests of tools/make_tables.py: the docs' tables are the committed JSON's, a stale one is
-caught, and the README's results ran with today's defaults."""
+caught, and the README's and docs/results.md's results ran with today's defaults."""
 
 import os
 import sys
@@ -156,9 +156,9 @@ def recorded_args_differing_from_todays(script_name: str, module, args: dict,
 
 
 def test_the_readmes_results_ran_with_todays_defaults():
-    """Were a default changed, the README's numbers would no longer be what the script gives: rerun
-    them (results/ppo_breakout/games/readme_*_1M.json and the collection's PQN seeds,
-    commands in the README and docs/pqn_minatar.md) or keep the default."""
+    """Were a default changed, the README's and docs/results.md's numbers would no longer be what
+    the script gives: rerun them (results/ppo_breakout/games/readme_*_1M.json and the collection's
+    PQN seeds, commands in docs/results.md and docs/pqn_minatar.md) or keep the default."""
     import ppo_breakout
     import pqn_minatar
     for game in ("Asterix", "Breakout", "Freeway", "SpaceInvaders", "Seaquest"):
