@@ -1,5 +1,6 @@
-"""Reproduces the README's results tables: an algorithm script (ppo_breakout.py, or any other that
-keeps utils/contract.py, e.g. --script pqn_minatar) run once per seed, each as its own process.
+"""Reproduces the docs' results tables (docs/results.md and the scripts' pages): an algorithm script
+(ppo_breakout.py, or any other that keeps utils/contract.py, e.g. --script pqn_minatar) run once per
+seed, each as its own process.
 
 Each run is timed from outside (process start to exit, so imports, compilation, training, evaluation
 and the pictures all count), its peak memory read from the OS, and its summary.json read back. The
