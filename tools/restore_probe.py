@@ -79,11 +79,8 @@ def column_major_on_host(state) -> list[str]:
     """The state's tensors that arrive on the host in another order than row-major (a TPU hands
     some over column-major): a writer that copies memory as it lies would write them transposed
     (utils/files.row_major)."""
-    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
-    raw = jax.device_get([jax.random.key_data(x) if checkpoint.is_key(x) else x
-                          for _, x in leaves])
-    return sorted("runner" + jax.tree_util.keystr(path)
-                  for (path, _), x in zip(leaves, raw) if not np.asarray(x).flags.c_contiguous)
+    arrays = checkpoint.host_arrays({"runner": state})[0]
+    return sorted(name for name, x in arrays.items() if not np.asarray(x).flags.c_contiguous)
 
 
 def differing(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> list[str]:

@@ -67,13 +67,21 @@ def state_tensors(trees: dict, header: dict[str, str]) -> tuple[dict[str, np.nda
     tensor `prefix + keystr(its path)`; a typed random key is stored as its raw data (safetensors
     holds numbers only), its implementation in the header's key_impls. On the CPU the tensors may
     share the arrays' memory: keep the arrays until the tensors are written."""
+    arrays, key_impls = host_arrays(trees)
+    tensors = {name: row_major(x) for name, x in arrays.items()}
+    return tensors, header | {"key_impls": json.dumps(key_impls)}
+
+
+def host_arrays(trees: dict) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """The leaves of `trees` ({prefix: tree}) on the host, by state_tensors' names, in the memory
+    order the device hands them over (a TPU's may be column-major), a typed key as its raw data;
+    and {name: implementation} of those keys."""
     leaves = jax.tree_util.tree_flatten_with_path(trees)[0]
     names = [f"{key_path[0].key}{jax.tree_util.keystr(key_path[1:])}" for key_path, _ in leaves]
     key_impls = {name: str(jax.random.key_impl(x))
                  for name, (_, x) in zip(names, leaves) if is_key(x)}
     raw = jax.device_get([jax.random.key_data(x) if is_key(x) else x for _, x in leaves])  # at once
-    tensors = {name: row_major(x) for name, x in zip(names, raw)}
-    return tensors, header | {"key_impls": json.dumps(key_impls)}
+    return dict(zip(names, raw)), key_impls
 
 
 def restore(path: str, tensors: dict[str, np.ndarray], header: dict[str, str], prefix: str, like):
