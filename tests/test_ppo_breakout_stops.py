@@ -136,9 +136,9 @@ def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_finite_parameters(tm
 
 @pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_ends_the_run_cleanly_after_the_current_iteration(signum, status, tmp_path):
-    # 64 iterations, far longer than the test waits: the resume tests' runs (below), whose programs
-    # the compilation cache holds once either has run
-    total = 2048 * 64
+    # The resume tests' run (below), whose programs the compilation cache holds once either has
+    # run: 32 iterations, far longer than the signal takes to arrive
+    total = 2048 * ITERATIONS
     process = subprocess.Popen([sys.executable, SCRIPT, *TINY, "--total-timesteps", str(total)],
                                cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -147,7 +147,7 @@ def test_a_signal_ends_the_run_cleanly_after_the_current_iteration(signum, statu
         process.send_signal(signum)
         _, stderr = process.communicate(timeout=120)
     finally:
-        process.kill()  # a no-op once it has exited; never leave a 20M-step run behind
+        process.kill()  # a no-op once it has exited; never leave a run behind
     assert process.returncode == status, stderr
     assert "Traceback" not in stderr
     run_dir = only_run_dir(tmp_path)
@@ -163,7 +163,7 @@ def test_a_signal_ends_the_run_cleanly_after_the_current_iteration(signum, statu
 # --------------------------------------------------------------------------------------------------
 # ppo_breakout.py --resume: a run stopped, killed, or killed while writing a checkpoint
 # --------------------------------------------------------------------------------------------------
-# 64 iterations of 2048 steps, a checkpoint every 8: long enough to be killed in the middle.
+# 32 iterations of 2048 steps, a checkpoint every 4: long enough to be killed in the middle.
 ITERATIONS, EVERY = 32, 4
 FLAGS = ["--total-timesteps", str(ITERATIONS * 2048), "--num-envs", "16", "--num-steps", "128",
          "--num-minibatches", "4", "--update-epochs", "1", "--eval-episodes", "8", "--seed", "5",
