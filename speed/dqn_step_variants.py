@@ -19,7 +19,10 @@ full buffer of random transitions):
 - `flashbax`: flashbax's sample of whole windows, then the same n-step reduction.
 
 Each figure is the median of --repeats runs after one that compiles, in microseconds per gradient
-step (per batch drawn) of all N seeds together.
+step (per batch drawn) of all N seeds together. With --hlo-dir, each program's optimized HLO is
+written there (gzipped) and its products counted: `products`, the convolutions and dot products
+in it; `seed_window_products`, those that XLA wrote as a convolution whose window runs over the
+seeds (base dilation, `lhs_dilate`), the form a TPU gives the products that vmap batches.
 
 Run:  python speed/dqn_step_variants.py --seeds 1 8 --out variants.json
 """
@@ -27,7 +30,9 @@ Run:  python speed/dqn_step_variants.py --seeds 1 8 --out variants.json
 import contextlib
 import dataclasses
 import functools
+import gzip
 import os
+import re
 import shlex
 import sys
 import time
@@ -64,6 +69,8 @@ class Args:
     """the batch draw variants to time"""
     repeats: int = 3
     """timed runs of each program (after one unrecorded run), their median reported"""
+    hlo_dir: str = ""
+    """write each program's optimized HLO here, gzipped, and count its products in the JSON"""
     out: str = ""
     """write the JSON here (it is printed either way)"""
 
@@ -129,12 +136,21 @@ def flashbax_sample(buffer_state, key, buffer, args, codec) -> dqn.Batch:
                      reward=reward, discount=discount, next_obs=codec.decode(next_obs))
 
 
-def time_program(fn, inputs, repeats: int) -> tuple[float, float]:
-    """(seconds of one run, median over `repeats`; seconds of the first call, its compile)."""
+def time_program(fn, inputs, repeats: int) -> tuple[float, float, str]:
+    """(seconds of one run, median over `repeats`; seconds of the first call, its compile; the
+    optimized HLO)."""
     start = time.perf_counter()
     compiled = jax.jit(fn).lower(*inputs).compile()
     compile_seconds = time.perf_counter() - start
-    return timed(compiled, *inputs, repeats=repeats), compile_seconds
+    return timed(compiled, *inputs, repeats=repeats), compile_seconds, compiled.as_text()
+
+
+def count_products(hlo: str) -> dict:
+    """The products in an optimized HLO text, and those written as a convolution whose window
+    runs over a batch axis by base dilation (a TPU's form of a product per seed)."""
+    products = re.findall(r"= \S+ (?:convolution|dot)\(.*", hlo)
+    return {"products": len(products),
+            "seed_window_products": sum("lhs_dilate=" in line for line in products)}
 
 
 def main() -> None:
@@ -147,6 +163,8 @@ def main() -> None:
         common.fail(f"unknown variants {sorted(unknown)}: gradient {GRADIENT_VARIANTS}, "
                     f"sample {SAMPLE_VARIANTS}")
     common.check_out(bench.out)
+    if bench.hlo_dir and not os.path.isdir(bench.hlo_dir):
+        common.fail(f"--hlo-dir {bench.hlo_dir}: no such directory")
     args = training.parse_args(dqn, [*shlex.split(bench.script_args), "--num-devices", "1"])
     args = contract.fill_runtime_fields(dqn, args)
     env, env_params = make_env(args.env_id, args.sticky_action_prob)
@@ -165,9 +183,13 @@ def main() -> None:
                 matmul_precision=jax.config.jax_default_matmul_precision or "default",
                 gradient_steps_per_program=num_updates, rows=rows), bench.out, echo)
 
-    def record(part, variant, n, seconds, compile_seconds):
+    def record(part, variant, n, seconds, compile_seconds, hlo):
         row = {"part": part, "variant": variant, "seeds": n,
                "us_per_step": 1e6 * seconds / num_updates, "compile_seconds": compile_seconds}
+        if bench.hlo_dir:
+            with gzip.open(os.path.join(bench.hlo_dir, f"{part}_{variant}_{n}.hlo.gz"), "wt") as f:
+                f.write(hlo)
+            row |= count_products(hlo)
         print(" | ".join(f"{k} {v:,.4g}" if isinstance(v, float) else f"{k} {v}"
                          for k, v in row.items()), file=sys.stderr, flush=True)
         rows.append(row)

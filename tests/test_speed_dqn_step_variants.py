@@ -1,7 +1,8 @@
 """Tests of speed/dqn_step_variants.py: on the CPU, with tiny flags, it times each gradient
-step and batch draw variant for one seed and for two side by side, and refuses a variant it does
-not know."""
+step and batch draw variant for one seed and for two side by side, writes and counts each
+program's products, and refuses a variant it does not know."""
 
+import gzip
 import json
 
 from helpers import run_main
@@ -12,7 +13,7 @@ TINY = "--script-args=--num-envs 4 --num-steps 8 --buffer-size 256 --batch-size 
 
 def test_it_times_every_variant_for_each_seed_count(tmp_path):
     result = run_main(dqn_step_variants, tmp_path, TINY, "--seeds", "1", "2", "--repeats", "1",
-                      "--out", "variants.json", timeout=600)
+                      "--hlo-dir", ".", "--out", "variants.json", timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "variants.json").read_text())
     assert report["gradient_steps_per_program"] == 8  # 0.25 x 4 environments x 8 steps
@@ -23,6 +24,13 @@ def test_it_times_every_variant_for_each_seed_count(tmp_path):
                 for variant in variants]
     assert measured == expected
     assert all(row["us_per_step"] > 0 and row["compile_seconds"] > 0 for row in report["rows"])
+    # each program's optimized HLO written, its products counted: a gradient step has its
+    # network's, forward and backward; the CPU writes none as a convolution over the seeds
+    for row in report["rows"]:
+        hlo = gzip.open(tmp_path / f"{row['part']}_{row['variant']}_{row['seeds']}.hlo.gz", "rt")
+        assert "ENTRY" in hlo.read()
+        assert row["seed_window_products"] == 0
+        assert (row["products"] >= 6) == (row["part"] == "gradient"), row
 
 
 def test_an_unknown_variant_is_refused_with_one_line(tmp_path):
