@@ -117,6 +117,13 @@ def main() -> None:
                     "(--conv-channels 0)")
     env, env_params = make_env(args.env_id, args.sticky_action_prob)
     rows = []
+
+    def write(echo: bool) -> None:
+        if bench.out or echo:
+            common.write_report(common.new_report(
+                machine=common.machine(jax.devices()), script_args=bench.script_args, rows=rows),
+                bench.out, echo)
+
     for conv in bench.convs:
         patch = (mock.patch.object(ppo, "conv_relu_pool", functools.partial(
             ppo.conv_relu_pool, xla_conv=True)) if conv == "xla" else contextlib.nullcontext())
@@ -140,9 +147,8 @@ def main() -> None:
                     print(" | ".join(f"{k} {v:,.4g}" if isinstance(v, float) else f"{k} {v}"
                                      for k, v in row.items()), file=sys.stderr, flush=True)
                     rows.append(row)
-    common.write_report(common.new_report(
-        machine=common.machine(jax.devices()), script_args=bench.script_args, rows=rows),
-        bench.out)
+                    write(echo=False)  # a time limit that stops the run keeps what it measured
+    write(echo=True)
 
 
 if __name__ == "__main__":
