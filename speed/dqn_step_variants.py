@@ -21,8 +21,9 @@ full buffer of random transitions):
 Each figure is the median of --repeats runs after one that compiles, in microseconds per gradient
 step (per batch drawn) of all N seeds together. With --hlo-dir, each program's optimized HLO is
 written there (gzipped) and its products counted: `products`, the convolutions and dot products
-in it; `seed_window_products`, those that XLA wrote as a convolution whose window runs over the
-seeds (base dilation, `lhs_dilate`), the form a TPU gives the products that vmap batches.
+in it; `loop_products`, those in the steps' loop; `seed_window_products`, those of the loop that
+XLA wrote as a convolution whose window runs over the seeds (base dilation, `lhs_dilate`), the
+form a TPU gives the products that vmap batches.
 
 Run:  python speed/dqn_step_variants.py --seeds 1 8 --out variants.json
 """
@@ -146,11 +147,28 @@ def time_program(fn, inputs, repeats: int) -> tuple[float, float, str]:
 
 
 def count_products(hlo: str) -> dict:
-    """The products in an optimized HLO text, and those written as a convolution whose window
-    runs over a batch axis by base dilation (a TPU's form of a product per seed)."""
-    products = re.findall(r"= \S+ (?:convolution|dot)\(.*", hlo)
-    return {"products": len(products),
-            "seed_window_products": sum("lhs_dilate=" in line for line in products)}
+    """The products in an optimized HLO text; those in its loops' bodies and what they call (the
+    timed steps, not the initialisation); and of these, those written as a convolution whose
+    window runs over a batch axis by base dilation (a TPU's form of a product per seed)."""
+    bodies, name = {}, None  # each computation's lines, by its name
+    for line in hlo.splitlines():
+        if line and not line[0].isspace() and line.endswith("{"):
+            name = line.removeprefix("ENTRY ").split()[0]
+            bodies[name] = []
+        elif name:
+            bodies[name].append(line)
+    calls = {n: set(re.findall(r"%[\w.-]+", "\n".join(lines))) & bodies.keys()
+             for n, lines in bodies.items()}
+    in_loop = set(re.findall(r"body=(%[\w.-]+)", hlo))
+    todo = list(in_loop)
+    while todo:
+        for called in calls[todo.pop()] - in_loop:
+            in_loop.add(called)
+            todo.append(called)
+    product = re.compile(r"= \S+ (?:convolution|dot)\(")
+    loop = [line for n in in_loop for line in bodies[n] if product.search(line)]
+    return {"products": len(product.findall(hlo)), "loop_products": len(loop),
+            "seed_window_products": sum("lhs_dilate=" in line for line in loop)}
 
 
 def main() -> None:
