@@ -11,8 +11,9 @@ Gradient step variants (a fixed batch, one iteration's gradient steps in one `la
   the next observations in one pass (the script's on an accelerator), or in two (on a CPU): the
   same function;
 - `sgd`: plain SGD in place of Adam (not the same training: Adam's share of the step);
-- `precision_default`: float32 products at the device's default precision instead of the
-  scripts' `highest` (on a TPU: one bfloat16 pass; not the same numbers).
+- `precision_default`, `precision_high`: float32 products at the device's default precision, or
+  at `high`, instead of the scripts' `highest` (on a TPU: one bfloat16 pass, or three; not the
+  same numbers).
 Batch draw variants (a chunk's batches at once, an iteration's chunks in one `lax.scan`, from a
 full buffer of random transitions):
 - `script`: dqn_minatar.sample_batch (only what the target reads is gathered);
@@ -54,7 +55,7 @@ from utils import contract, training  # noqa: E402
 from utils.env import make_env  # noqa: E402
 
 GRADIENT_VARIANTS = ("script", "matmul_conv", "xla_conv", "one_online_pass", "two_online_passes",
-                     "sgd", "precision_default")
+                     "sgd", "precision_default", "precision_high")
 SAMPLE_VARIANTS = ("script", "flashbax")
 
 
@@ -98,8 +99,8 @@ def gradient_variant(name: str):
         return mock.patch.object(dqn, "online_q_values", passes), None
     if name == "sgd":
         return contextlib.nullcontext(), lambda args: optax.sgd(args.learning_rate)
-    if name == "precision_default":
-        return jax.default_matmul_precision("default"), None
+    if name in ("precision_default", "precision_high"):
+        return jax.default_matmul_precision(name.removeprefix("precision_")), None
     return contextlib.nullcontext(), None
 
 

@@ -39,5 +39,6 @@ def test_an_unknown_variant_is_refused_with_one_line(tmp_path):
     assert result.returncode == 2 and not result.stdout
     assert result.stderr.strip().splitlines() == [
         "error: unknown variants ['fused']: gradient ('script', 'matmul_conv', 'xla_conv', "
-        "'one_online_pass', 'two_online_passes', 'sgd', 'precision_default'), "
+        "'one_online_pass', 'two_online_passes', 'sgd', 'precision_default', "
+        "'precision_high'), "
         "sample ('script', 'flashbax')"]
