@@ -1,10 +1,9 @@
 """tools/common.py: the summary line read back, a child's own wall time and peak memory, rounds
-that alternate and their ratios, the machine described from /proc/cpuinfo, and the report's head."""
+that alternate and their ratios, and the report's head."""
 
 import json
 import os
 import sys
-import types
 
 import pytest
 
@@ -115,43 +114,6 @@ def test_round_ratios_pair_each_round_and_give_median_and_range():
               {"own": {"sps": 80.0}, "ref": {"sps": 20.0}}]
     assert common.round_ratios(rounds, "own", "ref") == {
         "per_round": [5.0, 3.0, 4.0], "median": 4.0, "range": [3.0, 5.0]}
-
-
-# ------------------------------------------------------------------------------------------------
-# The machine
-# ------------------------------------------------------------------------------------------------
-CPUINFO = """processor\t: 0
-model name\t: AMD EPYC 9B45
-cpu family\t: 26
-flags\t\t: fpu sse2 avx2 {flag}
-
-processor\t: 1
-model name\t: Another
-"""
-
-
-@pytest.mark.parametrize("flag, avx512", [("avx512f avx512bw", "AVX-512"),
-                                          ("avx512fp16 avx512_bf16", "no AVX-512")])
-def test_the_machine_is_the_first_processors_model_family_cores_and_avx512(tmp_path, flag, avx512):
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(CPUINFO.format(flag=flag))
-    cores = len(os.sched_getaffinity(0))
-    assert common.machine(cpuinfo=str(cpuinfo)) == (
-        f"AMD EPYC 9B45, CPU family 26, {cores} cores, {avx512}")
-
-
-def test_accelerators_come_first_and_cpus_add_nothing(tmp_path):
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(CPUINFO.format(flag=""))
-    cpu = common.machine(cpuinfo=str(cpuinfo))
-    gpu = types.SimpleNamespace(platform="gpu", device_kind="NVIDIA H200")
-    assert common.machine([gpu, gpu], str(cpuinfo)) == f"NVIDIA H200 x 2 ({cpu})"
-    host = types.SimpleNamespace(platform="cpu", device_kind="cpu")
-    assert common.machine([host], str(cpuinfo)) == cpu
-
-
-def test_a_machine_without_cpuinfo_is_still_described(tmp_path):
-    assert "CPU family ?" in common.machine(cpuinfo=str(tmp_path / "missing"))
 
 
 # ------------------------------------------------------------------------------------------------

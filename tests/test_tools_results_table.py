@@ -66,17 +66,28 @@ def test_collect_makes_the_rows_of_finished_runs_and_their_commands(tmp_path, ti
     assert make_tables.command(json.loads(out.read_text())) == (
         "python ppo_breakout.py --seed 3 --num-devices 2 --eval-every 1 --total-timesteps 4096 "
         "--num-envs 16 --num-minibatches 4 --update-epochs 1")
-    # The machine that trained: this CPU; a run that trained on a chip names the chip.
+    # The machine that trained, as its summary names it: this CPU. A run that trained on a chip
+    # names the chip and its host, wherever it is collected; one from before summaries named the
+    # machine names the chip and this CPU.
     assert row["device"] == "cpu x 2"
-    assert json.loads(out.read_text())["cpu"] == common.machine()
+    assert summary["machine"] == json.loads(out.read_text())["cpu"] == common.machine()
     chip, other, four = tmp_path / "chip", tmp_path / "other_chip", tmp_path / "four_chips"
+    host = "TPU v5 lite x 1 (a chip's host, CPU family 175, 13 cores, no AVX-512)"
     for copy, device in ((chip, "TPU v5 lite x 1"), (other, "TPU v4 x 1"),
                          (four, "TPU v5 lite x 4")):
         shutil.copytree(run_dir, copy)
-        (copy / "summary.json").write_text(json.dumps({**summary, "device": device}))
+        (copy / "summary.json").write_text(json.dumps({**summary, "device": device,
+                                                       "machine": host}))
     on_chip = run_table(tmp_path, "--collect", str(chip), "--out", str(tmp_path / "chip.json"))
     assert on_chip.returncode == 0, on_chip.stderr
-    assert json.loads((tmp_path / "chip.json").read_text())["cpu"] == (
+    assert json.loads((tmp_path / "chip.json").read_text())["cpu"] == host
+    old = tmp_path / "old_chip"
+    shutil.copytree(chip, old)
+    (old / "summary.json").write_text(json.dumps(
+        {k: v for k, v in {**summary, "device": "TPU v5 lite x 1"}.items() if k != "machine"}))
+    before = run_table(tmp_path, "--collect", str(old), "--out", str(tmp_path / "old.json"))
+    assert before.returncode == 0, before.stderr
+    assert json.loads((tmp_path / "old.json").read_text())["cpu"] == (
         f"TPU v5 lite x 1 ({common.machine()})")
     # Runs from different devices (another chip, another count, a CPU) make no one table.
     for second in (other, four, run_dir):

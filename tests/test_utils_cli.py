@@ -1,9 +1,12 @@
 """Tests of utils/cli.py: the flags a command line gives are found, whichever way they are spelt;
-the memory check counts a donated state once and sees the process's own limit. Every argument
-check, run as a user meets it: test_ppo_breakout_stops.py."""
+the memory check counts a donated state once and sees the process's own limit; the machine is
+described from /proc/cpuinfo. Every argument check, run as a user meets it:
+test_ppo_breakout_stops.py."""
 
+import os
 import subprocess
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -46,3 +49,40 @@ def test_the_memory_check_sees_the_process_address_space_limit():
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
     assert 0 < int(out) < 2**30
+
+
+# ------------------------------------------------------------------------------------------------
+# The machine
+# ------------------------------------------------------------------------------------------------
+CPUINFO = """processor\t: 0
+model name\t: AMD EPYC 9B45
+cpu family\t: 26
+flags\t\t: fpu sse2 avx2 {flag}
+
+processor\t: 1
+model name\t: Another
+"""
+
+
+@pytest.mark.parametrize("flag, avx512", [("avx512f avx512bw", "AVX-512"),
+                                          ("avx512fp16 avx512_bf16", "no AVX-512")])
+def test_the_machine_is_the_first_processors_model_family_cores_and_avx512(tmp_path, flag, avx512):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(CPUINFO.format(flag=flag))
+    cores = len(os.sched_getaffinity(0))
+    assert cli.machine(cpuinfo=str(cpuinfo)) == (
+        f"AMD EPYC 9B45, CPU family 26, {cores} cores, {avx512}")
+
+
+def test_accelerators_come_first_and_cpus_add_nothing(tmp_path):
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(CPUINFO.format(flag=""))
+    cpu = cli.machine(cpuinfo=str(cpuinfo))
+    gpu = types.SimpleNamespace(platform="gpu", device_kind="NVIDIA H200")
+    assert cli.machine([gpu, gpu], str(cpuinfo)) == f"NVIDIA H200 x 2 ({cpu})"
+    host = types.SimpleNamespace(platform="cpu", device_kind="cpu")
+    assert cli.machine([host], str(cpuinfo)) == cpu
+
+
+def test_a_machine_without_cpuinfo_is_still_described(tmp_path):
+    assert "CPU family ?" in cli.machine(cpuinfo=str(tmp_path / "missing"))

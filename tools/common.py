@@ -11,7 +11,6 @@ import datetime
 import io
 import json
 import os
-import platform
 import re
 import shlex
 import statistics
@@ -21,7 +20,7 @@ import tempfile
 from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple, NoReturn
 
-from utils import files
+from utils import cli, files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUMMARY_PREFIX = "summary: "
@@ -216,38 +215,9 @@ def round_ratios(rounds: list[dict[str, dict]], own: str, ref: str, field: str =
 
 
 # ------------------------------------------------------------------------------------------------
-# The machine
+# The machine: utils.cli's description, which a run's summary.json records too
 # ------------------------------------------------------------------------------------------------
-def cpu_info(path: str = "/proc/cpuinfo") -> dict:
-    """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
-    fields = {}
-    try:
-        with open(path) as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    return fields
-
-
-def num_cores() -> int:
-    """The cores this process may run on (its affinity), which bound what a benchmark can use."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def machine(devices: list | None = None, cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The CPU's model name and family (they decide how a seed's run rounds), its cores and
-    AVX-512; with JAX `devices` that are not CPUs, their kind and count first."""
-    info = cpu_info(cpuinfo)
-    name = info.get("model name") or platform.processor() or "unknown CPU"
-    avx512 = "AVX-512" if "avx512f" in info.get("flags", "").split() else "no AVX-512"
-    cpu = f"{name}, CPU family {info.get('cpu family', '?')}, {num_cores()} cores, {avx512}"
-    if devices and devices[0].platform != "cpu":
-        return f"{devices[0].device_kind} x {len(devices)} ({cpu})"
-    return cpu
+cpu_info, num_cores, machine = cli.cpu_info, cli.num_cores, cli.machine
 
 
 # ------------------------------------------------------------------------------------------------

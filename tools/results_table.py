@@ -101,17 +101,22 @@ def row_of(summary: dict, run_dir: str, wall_seconds: float, peak_gb: float | No
            "compile_seconds": summary["compile_seconds"], "sps": summary.get("sps"),
            "peak_gb": peak_gb, "run_dir": run_dir, "curve": learning_curve(run_dir, started),
            "args": summary["args"], "model_sha256": model_digest(run_dir),
-           "device": summary.get("device")}  # None in runs from before summaries named it
+           "device": summary.get("device"),  # None in runs from before summaries named it
+           "machine": summary.get("machine")}  # None likewise
     return row | ({"eval_curve": eval_curve(run_dir)} if summary["args"].get("eval_every") else {})
 
 
 def machine_of(rows: list[dict]) -> str:
-    """The machine the rows trained on, as tools.common.machine names it: this one's CPU, with
-    first the accelerator their runs name where they name one (a run collected here from the
-    machine that trained it). Rows from different devices, or device counts, are refused."""
+    """The machine the rows trained on, as tools.common.machine names it: the one their runs'
+    summaries name (a run collected here from another machine names that one); for runs from
+    before summaries named it, this one's CPU, with first the accelerator their runs name. Rows
+    from different devices, or device counts, are refused; from different machines, named."""
     devices = {r["device"] for r in rows if r.get("device")}
     if len(devices) > 1:
         common.fail(f"the runs trained on different devices: {sorted(devices)}")
+    machines = {r.get("machine") for r in rows}
+    if None not in machines:
+        return " and ".join(sorted(machines))
     if devices and not next(iter(devices)).startswith("cpu"):
         return f"{next(iter(devices))} ({common.machine()})"
     return common.machine()

@@ -1,6 +1,6 @@
 """What the scripts share around a run: parsing with one-line errors, the checks of the arguments
-every training script has, run directories that never clash, stopping cleanly on Ctrl-C, and
-summary.json. None of it touches the algorithm."""
+every training script has, run directories that never clash, stopping cleanly on Ctrl-C, the
+machine a run trains on, and summary.json. None of it touches the algorithm."""
 
 import contextlib
 import dataclasses
@@ -9,6 +9,7 @@ import itertools
 import json
 import math
 import os
+import platform
 import re
 import resource
 import signal
@@ -272,6 +273,38 @@ def or_exit(read: Callable, *args):
         return read(*args)
     except ValueError as e:
         fail(str(e))
+
+
+def cpu_info(path: str = "/proc/cpuinfo") -> dict:
+    """The first processor's fields of /proc/cpuinfo ({} where there is none)."""
+    fields = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return fields
+
+
+def num_cores() -> int:
+    """The cores this process may run on (its affinity), which bound what a benchmark can use."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def machine(devices: list | None = None, cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name and family (they decide how a seed's run rounds), its cores and
+    AVX-512; with JAX `devices` that are not CPUs, their kind and count first."""
+    info = cpu_info(cpuinfo)
+    name = info.get("model name") or platform.processor() or "unknown CPU"
+    avx512 = "AVX-512" if "avx512f" in info.get("flags", "").split() else "no AVX-512"
+    cpu = f"{name}, CPU family {info.get('cpu family', '?')}, {num_cores()} cores, {avx512}"
+    if devices and devices[0].platform != "cpu":
+        return f"{devices[0].device_kind} x {len(devices)} ({cpu})"
+    return cpu
 
 
 class RunSummary(dict):

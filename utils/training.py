@@ -227,11 +227,14 @@ class Run:
         args = self.args
         self.run_dir = args.resume or cli.make_run_dir(
             f"{args.env_id}__{args.exp_name}__{args.seed}")
-        device = jax.devices()[0]  # what trained, for the run's figures: "TPU v5 lite x 1"
+        # What trained, for the run's figures: "TPU v5 lite x 1", and with the host's CPU, which
+        # a table of runs collected on another machine names (tools/results_table.py)
+        devices = jax.devices()[:args.num_devices]
         self.summary = cli.RunSummary(self.run_dir, args, STARTED, env_id=args.env_id,
                                       seed=args.seed, total_timesteps=args.total_timesteps,
                                       policy=self.headline, compile_seconds=self.compile_seconds,
-                                      device=f"{device.device_kind} x {args.num_devices}")
+                                      device=f"{devices[0].device_kind} x {args.num_devices}",
+                                      machine=cli.machine(devices))
         start_step = self.start.iteration * args.steps_per_iteration
         self.log = logger.RunLog(self.run_dir, start_step,
                                  start_step + 1 if args.resume else None)
