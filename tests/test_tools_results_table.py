@@ -89,6 +89,15 @@ def test_collect_makes_the_rows_of_finished_runs_and_their_commands(tmp_path, ti
     assert before.returncode == 0, before.stderr
     assert json.loads((tmp_path / "old.json").read_text())["cpu"] == (
         f"TPU v5 lite x 1 ({common.machine()})")
+    # Runs of one device kind from two machines: the table names both.
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(run_dir, elsewhere)
+    (elsewhere / "summary.json").write_text(json.dumps({**summary, "machine": "Another CPU"}))
+    both = run_table(tmp_path, "--collect", str(run_dir), str(elsewhere), "--out",
+                     str(tmp_path / "both.json"))
+    assert both.returncode == 0, both.stderr
+    assert json.loads((tmp_path / "both.json").read_text())["cpu"] == " and ".join(
+        sorted(["Another CPU", common.machine()]))
     # Runs from different devices (another chip, another count, a CPU) make no one table.
     for second in (other, four, run_dir):
         mixed = run_table(tmp_path, "--collect", str(chip), str(second), "--out",

@@ -229,7 +229,7 @@ class Run:
             f"{args.env_id}__{args.exp_name}__{args.seed}")
         # What trained, for the run's figures: "TPU v5 lite x 1", and with the host's CPU, which
         # a table of runs collected on another machine names (tools/results_table.py)
-        devices = jax.devices()[:args.num_devices]
+        devices = jax.devices()[:args.num_devices or 1]
         self.summary = cli.RunSummary(self.run_dir, args, STARTED, env_id=args.env_id,
                                       seed=args.seed, total_timesteps=args.total_timesteps,
                                       policy=self.headline, compile_seconds=self.compile_seconds,
