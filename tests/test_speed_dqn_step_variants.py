@@ -4,6 +4,7 @@ program's products, and refuses a variant it does not know."""
 
 import gzip
 import json
+import re
 
 from helpers import run_main
 from speed import dqn_step_variants
@@ -25,10 +26,16 @@ def test_it_times_every_variant_for_each_seed_count(tmp_path):
     assert measured == expected
     assert all(row["us_per_step"] > 0 and row["compile_seconds"] > 0 for row in report["rows"])
     # each program's optimized HLO written, its products counted: a gradient step has its
-    # network's, forward and backward; the CPU writes none as a convolution over the seeds
+    # network's, forward and backward; the CPU writes none as a convolution over the seeds. Its
+    # products keep the precision they were traced at: the scripts' highest, or the variant's.
     for row in report["rows"]:
-        hlo = gzip.open(tmp_path / f"{row['part']}_{row['variant']}_{row['seeds']}.hlo.gz", "rt")
-        assert "ENTRY" in hlo.read()
+        hlo = gzip.open(tmp_path / f"{row['part']}_{row['variant']}_{row['seeds']}.hlo.gz",
+                        "rt").read()
+        assert "ENTRY" in hlo
+        if row["part"] == "gradient":
+            precision = {"precision_default": set(), "precision_high": {"high"}}
+            assert set(re.findall(r"operand_precision=\{(\w+),", hlo)) == precision.get(
+                row["variant"], {"highest"}), row
         assert row["seed_window_products"] == 0
         assert (row["loop_products"] >= 6) == (row["part"] == "gradient"), row
         assert row["products"] >= row["loop_products"]
