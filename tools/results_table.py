@@ -107,7 +107,7 @@ def row_of(summary: dict, run_dir: str, wall_seconds: float, peak_gb: float | No
 
 
 def machine_of(rows: list[dict]) -> str:
-    """The machine the rows trained on, as tools.common.machine names it: the one their runs'
+    """The machine the rows trained on, as utils.cli.machine names it: the one their runs'
     summaries name (a run collected here from another machine names that one); for runs from
     before summaries named it, this one's CPU, with first the accelerator their runs name. Rows
     from different devices, or device counts, are refused; from different machines, named."""
