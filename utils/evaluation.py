@@ -243,13 +243,14 @@ def return_tag(protocol: str, mode: str) -> str:
 
 
 def make_evaluate_pair(env: Any, env_id: str, env_params: Any, act: Callable,
-                       num_episodes: int, num_devices: int) -> tuple[Callable, Mesh]:
+                       num_episodes: int, num_devices: int, width: int = POOL_WIDTH
+                       ) -> tuple[Callable, Mesh]:
     """A program that plays the `pair`-th of EVALUATION_PAIRS, each evaluation with the same key,
     so each gives the numbers it gives alone. Each of `num_devices` devices plays its share of
     both evaluations' episodes, which are the same episodes on any number of devices. Compiled
     once and called per pair, so the host can read the first pair while the second plays.
     `env_params` must have a `sticky_action_prob` field (utils.env.StickyParams). The GIF's
-    episodes are recorded for RECORD_STEPS steps."""
+    episodes are recorded for RECORD_STEPS steps. `width`: each device's pool (`evaluate`)."""
     mesh = Mesh(np.array(jax.devices()[:num_devices]), ("data",))
     pairs = list(EVALUATION_PAIRS.values())
     greedy = np.array([[EVALUATIONS[i][1] == "greedy" for i in pair] for pair in pairs])
@@ -263,7 +264,7 @@ def make_evaluate_pair(env: Any, env_id: str, env_params: Any, act: Callable,
                                 env_params=env_params, act=act, num_episodes=share,
                                 max_steps=int(limits.max()) + 1, num_recorded=num_recorded,
                                 record_steps=RECORD_STEPS,
-                                first_episode=jax.lax.axis_index("data") * share)
+                                first_episode=jax.lax.axis_index("data") * share, width=width)
         return results._replace(frames=results.frames[None])  # one device's recordings
 
     evaluate_split = jax.shard_map(
@@ -284,12 +285,12 @@ def make_evaluate_pair(env: Any, env_id: str, env_params: Any, act: Callable,
 
 def compile_final_evaluation(env: Any, env_id: str, env_params: Any, act: Callable,
                              num_episodes: int, num_devices: int, key: jax.Array,
-                             params: Any) -> Callable:
+                             params: Any, width: int = POOL_WIDTH) -> Callable:
     """`make_evaluate_pair` compiled ahead of time for `params`' shapes (arrays or
     jax.ShapeDtypeStructs): play(params, policy) starts the pair of EVALUATION_PAIRS[policy]
     ("sampled" or "greedy") with `key` and returns at once."""
     evaluate_pair, mesh = make_evaluate_pair(env, env_id, env_params, act, num_episodes,
-                                             num_devices)
+                                             num_devices, width)
     replicated = NamedSharding(mesh, P())
     like = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
                         params)
