@@ -129,6 +129,9 @@ def test_a_report_says_what_ran_where_and_when_and_is_written_as_printed(tmp_pat
     assert report["machine"] == common.machine() and report["rounds"] == [1, 2]
     assert report["date"].endswith("+00:00") and report["date"][:2] == "20"
     assert common.new_report()["command"] == report["benchmark"]
+    assert "env_vars" not in report  # the scripts' own precision: nothing to set
+    monkeypatch.setenv("JAX_DEFAULT_MATMUL_PRECISION", "high")  # what the command needs to rerun
+    assert common.new_report()["env_vars"] == "JAX_DEFAULT_MATMUL_PRECISION=high"
     out = tmp_path / "report.json"
     common.write_report(report, str(out))
     assert json.loads(out.read_text()) == report == json.loads(capsys.readouterr().out)

@@ -129,6 +129,17 @@ def test_commands_are_rendered_from_the_arguments_the_result_recorded():
     assert make_tables.command({"command": table, "rows": [{"args": asterix}]}) == table
     assert make_tables.command({"command": run, "ppo_args": asterix}).endswith(
         "--ppo.env-id Asterix-MinAtar --ppo.update-epochs 2")
+    # A run in an environment that changed what it computed (another precision) reruns in it:
+    # a harness's or benchmark's command, and each collected run's own.
+    high = "JAX_DEFAULT_MATMUL_PRECISION=high"
+    assert make_tables.command({"command": given, "ppo_args": changed, "env_vars": high}) == (
+        f"{high} {given} --ppo.gamma 0.995")
+    collected = {"command": "python tools/results_table.py --collect runs/a runs/b",
+                 "rows": [{"seed": 1, "args": {**today, "num_devices": 1}, "env_vars": high},
+                          {"seed": 2, "args": {**today, "num_devices": 1}}]}
+    assert make_tables.command(collected).splitlines() == [
+        f"{high} python ppo_breakout.py --seed 1 --num-devices 1",
+        "python ppo_breakout.py --seed 2 --num-devices 1"]
 
 
 def recorded_args_differing_from_todays(script_name: str, module, args: dict,

@@ -98,6 +98,17 @@ def test_collect_makes_the_rows_of_finished_runs_and_their_commands(tmp_path, ti
     assert both.returncode == 0, both.stderr
     assert json.loads((tmp_path / "both.json").read_text())["cpu"] == " and ".join(
         sorted(["Another CPU", common.machine()]))
+    # A run in an environment that changed its products (another precision) keeps it, and its
+    # command carries it.
+    high = tmp_path / "high"
+    shutil.copytree(run_dir, high)
+    precision = "JAX_DEFAULT_MATMUL_PRECISION=high"
+    (high / "summary.json").write_text(json.dumps({**summary, "env_vars": precision}))
+    in_high = run_table(tmp_path, "--collect", str(high), "--out", str(tmp_path / "high.json"))
+    assert in_high.returncode == 0, in_high.stderr
+    collected = json.loads((tmp_path / "high.json").read_text())
+    assert collected["rows"][0]["env_vars"] == precision
+    assert make_tables.command(collected).startswith(f"{precision} python ppo_breakout.py --seed 3")
     # Runs from different devices (another chip, another count, a CPU) make no one table.
     for second in (other, four, run_dir):
         mixed = run_table(tmp_path, "--collect", str(chip), str(second), "--out",

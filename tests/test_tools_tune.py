@@ -281,6 +281,7 @@ def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path, wh
     assert summary["share_past_wall"]["count"] == int((returns >= 30).sum())
     assert len(result["pooled_curve"]["return"]) == 4
     assert result["timing"]["peak_memory_gb"] > 0 and "CPU family" in result["timing"]["machine"]
+    assert "env_vars" not in result  # the scripts' own precision: nothing to set
     # Where the set-up went, program by program, as its lines said while it ran.
     parts = result["timing"]["compile_parts"]
     assert list(parts) == ["init", "train", "evaluate"]
@@ -288,13 +289,17 @@ def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path, wh
     assert "compiled evaluate in" in first.stderr.split("chunk  1/4")[0]
 
     # The same setting on the same seeds again, against the first run: identical returns, so the
-    # differences are 0 and a run of either is as likely to be the better one.
-    second = run_in_process(tmp_path, *RESUMED, "--baseline", "a.json", "--quiet")
+    # differences are 0 and a run of either is as likely to be the better one. Run where the
+    # environment sets another precision (the same bits on a CPU), its record names it.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("JAX_DEFAULT_MATMUL_PRECISION", "high")
+        second = run_in_process(tmp_path, *RESUMED, "--baseline", "a.json", "--quiet")
 
     assert second.returncode == 0, second.stderr
     assert second.stderr == ""  # --quiet
     again = json.loads(second.stdout)
     assert again["eval_returns"] == result["eval_returns"]
+    assert again["env_vars"] == "JAX_DEFAULT_MATMUL_PRECISION=high"
     comparison = again["comparison"]
     assert comparison["iqm_difference"] == {"value": 0.0, "ci": [0.0, 0.0]}
     assert comparison["probability_of_improvement"]["value"] == 0.5

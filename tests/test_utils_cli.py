@@ -86,3 +86,16 @@ def test_accelerators_come_first_and_cpus_add_nothing(tmp_path):
 
 def test_a_machine_without_cpuinfo_is_still_described(tmp_path):
     assert "CPU family ?" in cli.machine(cpuinfo=str(tmp_path / "missing"))
+
+
+@pytest.mark.parametrize("value, recorded", [
+    (None, {}), ("highest", {}), ("high", {"env_vars": "JAX_DEFAULT_MATMUL_PRECISION=high"}),
+    ("default", {"env_vars": "JAX_DEFAULT_MATMUL_PRECISION=default"})])
+def test_a_record_names_the_precision_the_environment_sets_other_than_the_scripts(monkeypatch,
+                                                                                value, recorded):
+    # A TPU computes other numbers at another precision: a record's command must carry it.
+    if value is None:
+        monkeypatch.delenv("JAX_DEFAULT_MATMUL_PRECISION", raising=False)
+    else:
+        monkeypatch.setenv("JAX_DEFAULT_MATMUL_PRECISION", value)
+    assert cli.env_vars() == recorded

@@ -47,6 +47,7 @@ def test_training_checkpoints_resume_and_load_model(tmp_path, monkeypatch):
     summary = read_summary(whole_dir)
     assert summary["status"] == "completed" and summary["global_step"] == 2048
     assert summary["policy"] == "sampled" and summary["eval"]["sampled"]["mean"] > 0
+    assert "env_vars" not in summary  # the scripts' own precision: nothing to set
 
     # Stopped by SIGTERM after its third iteration (one past a checkpoint), then resumed.
     end_iteration = training.Run.end_iteration
@@ -70,12 +71,18 @@ def test_training_checkpoints_resume_and_load_model(tmp_path, monkeypatch):
     assert resumed.returncode == 0, resumed.stderr
     assert ends_with(run_dir) == ends_with(whole_dir)
 
-    # The saved model plays to the training run's own evaluation.
+    # The saved model plays to the training run's own evaluation. Run with another matrix
+    # product precision (the same bits on a CPU), its summary names the environment it needs.
     (tmp_path / "load").mkdir()
     model = os.path.join(whole_dir, "model.safetensors")
-    loaded = run_main(tiny_pg, tmp_path / "load", "--load-model", model, "--eval-episodes", "4")
+    with monkeypatch.context() as patch:
+        patch.setenv("JAX_DEFAULT_MATMUL_PRECISION", "high")
+        loaded = run_main(tiny_pg, tmp_path / "load", "--load-model", model, "--eval-episodes",
+                          "4")
     assert loaded.returncode == 0, loaded.stderr
-    assert read_summary(only_run_dir(tmp_path / "load"))["eval"] == summary["eval"]
+    played = read_summary(only_run_dir(tmp_path / "load"))
+    assert played["eval"] == summary["eval"]
+    assert played["env_vars"] == "JAX_DEFAULT_MATMUL_PRECISION=high"
 
 
 def bad_header_values(script) -> list[tuple[str, object]]:

@@ -255,9 +255,10 @@ def utc_date() -> str:
 
 def new_report(command: str | None = None, **fields) -> dict:
     """A report's head: the command it measured (by default this benchmark's own), the benchmark's
-    command line, the machine and the date (UTC); then `fields`."""
-    return {"command": command or invocation(), "benchmark": invocation(), "machine": machine(),
-            "date": utc_date(), **fields}
+    command line, the environment it needs to run the same products (utils.cli.env_vars, where
+    any), the machine and the date (UTC); then `fields`."""
+    return {"command": command or invocation(), "benchmark": invocation(), **cli.env_vars(),
+            "machine": machine(), "date": utc_date(), **fields}
 
 
 def write_report(report: dict, out: str = "", echo: bool = True) -> None:

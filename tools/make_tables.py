@@ -138,7 +138,15 @@ def ignored(module) -> set[str]:
 def command(result: dict) -> str:
     """The recorded command, with a flag for each recorded argument that differs from the script's
     defaults today and that the command leaves to them: it reruns the result on today's code. The
-    script comes from the command (a harness names its script in the manifest's [harness])."""
+    script comes from the command (a harness names its script in the manifest's [harness]). The
+    environment it ran in goes before it, where that changed what it computed (utils.cli.env_vars:
+    another matrix product precision)."""
+    rendered = script_command(result)
+    return f"{result['env_vars']} {rendered}" if result.get("env_vars") else rendered
+
+
+def script_command(result: dict) -> str:
+    """`command`'s command line, without the environment."""
     cmd = result["command"]
     if result.get("environment"):  # a prototype: a patched script that today's arguments miss
         return f"{result['environment']} {cmd}"
@@ -182,7 +190,7 @@ def seed_command(result: dict, row: dict) -> str:
     """The script command that trains one seed's row of a script-run result again."""
     return command({"command": f"python {result.get('script', 'ppo_breakout')}.py --seed "
                                f"{row['seed']} --num-devices {row['args']['num_devices']}",
-                    "args": row["args"]})
+                    "args": row["args"], "env_vars": row.get("env_vars")})
 
 
 def files_of(patterns: list[str]) -> list[str]:

@@ -30,7 +30,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tools import common  # noqa: E402
-from utils import files  # noqa: E402
+from utils import cli, files  # noqa: E402
 from utils.evaluation import EVALUATIONS, PROTOCOL_OF, return_tag  # noqa: E402
 
 
@@ -102,7 +102,9 @@ def row_of(summary: dict, run_dir: str, wall_seconds: float, peak_gb: float | No
            "peak_gb": peak_gb, "run_dir": run_dir, "curve": learning_curve(run_dir, started),
            "args": summary["args"], "model_sha256": model_digest(run_dir),
            "device": summary.get("device"),  # None in runs from before summaries named it
-           "machine": summary.get("machine")}  # None likewise
+           "machine": summary.get("machine"),  # None likewise
+           # the environment the run needed to compute what it did (utils.cli.env_vars)
+           **({"env_vars": summary["env_vars"]} if "env_vars" in summary else {})}
     return row | ({"eval_curve": eval_curve(run_dir)} if summary["args"].get("eval_every") else {})
 
 
@@ -224,6 +226,7 @@ def main() -> None:
               f"wall {run.wall_seconds:.1f}s", file=sys.stderr)
     table = {"command": common.without_cache_dir(
                  "python tools/results_table.py " + shlex.join(sys.argv[1:])),
+             **({} if args.collect else cli.env_vars()),  # the seeds' runs inherit it
              "script": args.script, "policy": headline_policy(rows), "cpu": machine_of(rows),
              "rows": rows, "date": common.utc_date()}
     print_table(table)

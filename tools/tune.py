@@ -597,6 +597,7 @@ def result_json(cfg, seeds: list[int], result: SeedsResult, eval_episodes: int,
     script = script_of(cfg)
     out = {
         "command": command,
+        **cli.env_vars(),  # an environment the command needs to run the same products
         "script": name_of(script),
         "policy": script.HEADLINE_POLICY,
         "changed_args": changed_args(cfg),

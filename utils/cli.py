@@ -21,6 +21,8 @@ from typing import Literal, NoReturn
 
 import tyro
 
+from utils import startup
+
 
 def flag(name: str) -> str:
     """The command-line flag of an Args field: learning_rate -> --learning-rate."""
@@ -305,6 +307,14 @@ def machine(devices: list | None = None, cpuinfo: str = "/proc/cpuinfo") -> str:
     if devices and devices[0].platform != "cpu":
         return f"{devices[0].device_kind} x {len(devices)} ({cpu})"
     return cpu
+
+
+def env_vars() -> dict[str, str]:
+    """{"env_vars": "JAX_DEFAULT_MATMUL_PRECISION=high"} (say) where the environment changes what
+    the programs compute (utils.startup.precision_environment), for a record's command to run the
+    same; {} otherwise."""
+    environment = startup.precision_environment()
+    return {"env_vars": environment} if environment else {}
 
 
 class RunSummary(dict):

@@ -27,6 +27,14 @@ M_ARENA_MAX = -8  # glibc's mallopt parameter
 MATMUL_PRECISION = "highest"
 
 
+def precision_environment() -> str:
+    """"JAX_DEFAULT_MATMUL_PRECISION=high" (say) where the environment sets another precision than
+    MATMUL_PRECISION, else "": what a recorded command needs before it to run the same products
+    (on a TPU another precision gives other numbers)."""
+    value = os.environ.get("JAX_DEFAULT_MATMUL_PRECISION", MATMUL_PRECISION)
+    return "" if value == MATMUL_PRECISION else f"JAX_DEFAULT_MATMUL_PRECISION={value}"
+
+
 class DeferredModule(types.ModuleType):
     """Stands in sys.modules for a module not imported yet; its first attribute looked up imports
     the module, and every lookup is answered by it."""

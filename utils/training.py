@@ -234,7 +234,7 @@ class Run:
                                       seed=args.seed, total_timesteps=args.total_timesteps,
                                       policy=self.headline, compile_seconds=self.compile_seconds,
                                       device=f"{devices[0].device_kind} x {args.num_devices}",
-                                      machine=cli.machine(devices))
+                                      machine=cli.machine(devices), **cli.env_vars())
         start_step = self.start.iteration * args.steps_per_iteration
         self.log = logger.RunLog(self.run_dir, start_step,
                                  start_step + 1 if args.resume else None)
