@@ -6,11 +6,8 @@ policy under both protocols, --eval-episodes episodes each, on one device), with
 figure. Every width's results (returns, lengths, endings, last observations, fingerprints, recorded
 frames) are compared with the first width's, array for array: a wider pool changes how many
 episodes play at once, and each episode draws from its own keys, so the numbers should not move.
-
-A narrow pool plays its episodes in turn: 256 episodes in 32 slots are 8 episodes one after the
-other in each slot, so a game of long episodes (Freeway's 2,500 steps) takes 8 times their length
-in loop iterations, which a device that runs a small step in about the same time at any width pays
-in full.
+A narrow pool plays its episodes in turn (256 episodes in 32 slots: 8 after one another in each),
+so long episodes make many loop iterations.
 
 Run:  python speed/eval_width.py --model models/pqn_minatar__Freeway.safetensors --widths 32 256
 """
@@ -20,6 +17,7 @@ import os
 import statistics
 import sys
 import time
+from typing import Any, NamedTuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -40,9 +38,11 @@ class Args:
     """the model file that plays (its script from its header or, in older files, its name, as
     models/<script>__<game>.safetensors; its game and network from its header)"""
     widths: tuple[int, ...] = (evaluation.POOL_WIDTH, 256)
-    """pool widths timed, each compared with the first"""
+    """pool widths timed, each compared with the first (at most --eval-episodes)"""
     eval_episodes: int = 256
     """episodes of each evaluation, as a script's --eval-episodes"""
+    seed: int = 1
+    """the evaluation's seed, as a script's --seed with --load-model"""
     repeats: int = 2
     """timed calls of each pair, after one that is not recorded"""
     out: str = ""
@@ -58,32 +58,46 @@ def check(bench: Args) -> str | None:
         return "--widths names no width"
     if min(bench.widths) <= 0:
         return f"--widths must be positive, got {min(bench.widths)}"
+    if max(bench.widths) > bench.eval_episodes:  # evaluate would play a narrower pool
+        return (f"--widths {max(bench.widths)} is more than --eval-episodes "
+                f"{bench.eval_episodes}: no pool is wider than its episodes")
     return None
 
 
-def load(path: str):
-    """(script module, its args for --load-model path, env, env_params, agent, params)."""
+class Loaded(NamedTuple):
+    """A model file's network and what plays it, as the script's --load-model makes them."""
+    script: Any  # the script's module
+    args: Any  # its Args for --load-model
+    env: Any
+    env_params: Any
+    agent: Any  # utils.contract.Agent
+    params: dict
+
+
+def load(path: str, seed: int) -> Loaded:
+    """What `python SCRIPT.py --load-model path --seed seed` evaluates."""
     _, header = read_safetensors(path, "--model")
     # Files from before headers named their script are named for it (models/<script>__<game>).
     name = (header_value(path, header, "script") if "script" in header
             else os.path.basename(path).split("__")[0])
     script = load_script(name)
-    args = training.parse_args(script, ["--load-model", path, "--num-devices", "1",
-                                        "--jax-cache-dir", ""])
+    args = training.parse_args(script, ["--load-model", path, "--seed", str(seed),
+                                        "--num-devices", "1", "--jax-cache-dir", ""])
     env, env_params = make_env(args.env_id, args.sticky_action_prob)
     agent = script.make_agent(args, env, env_params)
     obs = jax.eval_shape(env.reset, jax.random.key(0), env_params)[0]
     params = model.load_params(path, agent.network, obs, args, script.NETWORK_ARGS,
                                getattr(script, "ADDED_ARGS", {}))
-    return script, args, env, env_params, agent, params
+    return Loaded(script, args, env, env_params, agent, params)
 
 
-def time_width(width: int, bench: Args, loaded, eval_key: jax.Array) -> tuple[dict, dict]:
+def time_width(width: int, bench: Args, loaded: Loaded, eval_key: jax.Array) -> tuple[dict, dict]:
     """(the width's row, its results by policy on the host)."""
-    _, args, env, env_params, agent, params = loaded
+    params = loaded.params
     start = time.perf_counter()
-    play = evaluation.compile_final_evaluation(env, args.env_id, env_params, agent.act,
-                                               bench.eval_episodes, 1, eval_key, params, width)
+    play = evaluation.compile_final_evaluation(
+        loaded.env, loaded.args.env_id, loaded.env_params, loaded.agent.act, bench.eval_episodes,
+        1, eval_key, params, width)
     compile_seconds = time.perf_counter() - start
     seconds, results = {}, {}
     for policy in evaluation.EVALUATION_PAIRS:
@@ -115,24 +129,25 @@ def main() -> None:
         common.fail(error)
     common.check_out(bench.out)
     try:
-        loaded = load(bench.model)
+        loaded = load(bench.model, bench.seed)
     except ValueError as e:
         common.fail(str(e))
-    script, args = loaded[:2]
-    eval_key = jax.random.split(jax.random.key(args.seed))[1]  # as training.Run's
+    eval_key = jax.random.split(jax.random.key(loaded.args.seed))[1]  # as training.Run's
     rows, first = [], None
     for width in bench.widths:
         row, results = time_width(width, bench, loaded, eval_key)
-        first = first or results
+        if first is None:  # the width the others are compared with
+            first = results
         row["identical_to_first_width"] = same(results, first)
         rows.append(row)
         print(f"width {width}: {row['seconds_both_pairs']:.2f} s both pairs, compile "
               f"{row['compile_seconds']:.1f} s, identical to width {bench.widths[0]}: "
               f"{row['identical_to_first_width']}", file=sys.stderr, flush=True)
     common.write_report(common.new_report(
-        machine=common.machine(jax.devices()), script=training.script_name(script),
-        model=bench.model, env_id=args.env_id, eval_episodes=bench.eval_episodes,
-        repeats=bench.repeats, rows=rows), bench.out, True)
+        machine=common.machine(jax.devices()), script=training.script_name(loaded.script),
+        model=os.path.relpath(os.path.abspath(bench.model), ROOT), env_id=loaded.args.env_id,
+        seed=loaded.args.seed, eval_episodes=bench.eval_episodes, repeats=bench.repeats,
+        rows=rows), bench.out, True)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,9 @@ def test_it_plays_each_width_in_a_pool_of_that_width_and_finds_the_same_episodes
                       timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads((tmp_path / "width.json").read_text())
-    assert (report["script"], report["env_id"]) == ("pqn_minatar", "Breakout-MinAtar")
+    assert (report["script"], report["env_id"], report["seed"]) == ("pqn_minatar",
+                                                                      "Breakout-MinAtar", 1)
+    assert report["model"] == "models/pqn_minatar__Breakout.safetensors"
     assert sorted(set(widths)) == [2, 8]
     rows = report["rows"]
     assert [row["width"] for row in rows] == [2, 8]
@@ -50,12 +52,13 @@ def test_results_that_differ_in_any_array_are_not_the_same():
     for field in evaluation.EvalResult._fields:
         other = played._replace(**{field: np.array([0.0, 1.0, 0.0])})
         assert not eval_width.same({"sampled": played, "greedy": other}, results), field
-    assert jax.tree.leaves(results)  # the comparison walks real leaves
 
 
 @pytest.mark.parametrize("flags, message", [
     (["--widths", "0"], "error: --widths must be positive, got 0"),
     (["--repeats", "0"], "error: --repeats must be positive, got 0"),
+    (["--widths", "32", "64", "--eval-episodes", "48"],
+     "error: --widths 64 is more than --eval-episodes 48: no pool is wider than its episodes"),
     (["--model", "nope.safetensors"], "error: --model nope.safetensors: no such file"),
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, flags, message):
@@ -63,3 +66,11 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, flags, mes
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [message]
     assert not (tmp_path / "width.json").exists()
+
+
+def test_the_model_is_loaded_as_the_script_loads_it_with_the_seed_asked():
+    loaded = eval_width.load(MODEL, 7)
+    assert (loaded.args.seed, loaded.args.env_id) == (7, "Breakout-MinAtar")
+    assert loaded.script.__name__ == "pqn_minatar"
+    assert jax.tree.structure(loaded.params) == jax.tree.structure(
+        loaded.agent.network.init(jax.random.key(0), np.zeros((1, 10, 10, 4), np.float32)))

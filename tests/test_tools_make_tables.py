@@ -140,6 +140,13 @@ def test_commands_are_rendered_from_the_arguments_the_result_recorded():
     assert make_tables.command(collected).splitlines() == [
         f"{high} python ppo_breakout.py --seed 1 --num-devices 1",
         "python ppo_breakout.py --seed 2 --num-devices 1"]
+    # Seeds that tools/results_table.py ran itself share the environment it ran in.
+    ran = {"command": "python tools/results_table.py --seeds 1 2",
+           "rows": [{"args": today, "env_vars": high}, {"args": today, "env_vars": high}]}
+    assert make_tables.command(ran) == f"{high} python tools/results_table.py --seeds 1 2"
+    # A benchmark's preamble shows its command in its environment.
+    assert make_tables.shown({"command": "python speed/x.py", "env_vars": high, "n": 1}) == {
+        "command": f"{high} python speed/x.py", "env_vars": high, "n": 1}
 
 
 def recorded_args_differing_from_todays(script_name: str, module, args: dict,
@@ -262,7 +269,8 @@ def test_a_speed_row_may_read_its_own_file_and_show_its_command(monkeypatch):
                 "rounds": [{"this tree": r} for r in runs]}
 
     files = {"a.json": report("python a.py", [600, 640], sps=10.0),
-             "b.json": report("python b.py --load-model m", [500, 520])}
+             "b.json": report("python b.py --load-model m", [500, 520])
+             | {"env_vars": "JAX_DEFAULT_MATMUL_PRECISION=high"}}  # run in that environment
     monkeypatch.setattr(make_tables, "load", lambda path: files[path])
     table = {"id": "t", "kind": "speed", "source": "configs", "preamble": "On {machine}.",
              "head": "| run | command | peak |", "rule": "|---|---|---:|",
@@ -271,22 +279,26 @@ def test_a_speed_row_may_read_its_own_file_and_show_its_command(monkeypatch):
                       {"file": "b.json", "key": "this tree", "label": "B"}]}
     assert make_tables.speed_table(table).splitlines()[4:] == [
         "| A | `python a.py` | 620 (600-640) |",
-        "| B | `python b.py --load-model m` | 510 (500-520) |"]
+        "| B | `JAX_DEFAULT_MATMUL_PRECISION=high python b.py --load-model m` | 510 (500-520) |"]
 
 
 def test_a_rows_tables_row_may_read_its_own_file_and_list(monkeypatch):
     # A profile's rows beside a summary (the report itself one row) and a harness's listed rows.
-    files = {"profile.json": {"machine": "M", "rows": [{"seeds": 1, "sps": 10.0},
-                                                       {"seeds": 8, "sps": 40.0}]},
+    files = {"profile.json": {"machine": "M", "command": "python p.py",
+                              "env_vars": "JAX_DEFAULT_MATMUL_PRECISION=high",
+                              "rows": [{"seeds": 1, "sps": 10.0}, {"seeds": 8, "sps": 40.0}]},
              "summary.json": {"sps": 25.0},
              "harness.json": {"harness": [{"seeds": 8, "sps": 90.0}]}}
     monkeypatch.setattr(make_tables, "load", lambda path: files[path])
-    table = {"id": "t", "kind": "rows", "file": "profile.json", "preamble": "On {machine}.",
+    table = {"id": "t", "kind": "rows", "file": "profile.json",
+             "preamble": "On {machine}: `{command}`.",
              "head": "| what | SPS |", "rule": "|---|---:|", "cells": ["{label}", "{sps:,.0f}"],
              "rows": [{"match": {"seeds": 8}, "label": "before, 8"},
                       {"file": "summary.json", "list": "", "label": "the script"},
                       {"file": "harness.json", "list": "harness", "match": {"seeds": 8},
                        "label": "the harness, 8"}]}
+    assert make_tables.rows_table(table).splitlines()[0] == (
+        "On M: `JAX_DEFAULT_MATMUL_PRECISION=high python p.py`.")
     assert make_tables.rows_table(table).splitlines()[2:] == [
         "| what | SPS |", "|---|---:|", "| before, 8 | 40 |", "| the script | 25 |",
         "| the harness, 8 | 90 |"]

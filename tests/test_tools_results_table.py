@@ -109,6 +109,13 @@ def test_collect_makes_the_rows_of_finished_runs_and_their_commands(tmp_path, ti
     collected = json.loads((tmp_path / "high.json").read_text())
     assert collected["rows"][0]["env_vars"] == precision
     assert make_tables.command(collected).startswith(f"{precision} python ppo_breakout.py --seed 3")
+    # Runs at different precisions make no one table.
+    mixed = run_table(tmp_path, "--collect", str(run_dir), str(high), "--out",
+                      str(tmp_path / "mixed.json"))
+    assert mixed.returncode == 2 and mixed.stderr.strip().splitlines() == [
+        "error: the runs computed at different precisions: ['JAX_DEFAULT_MATMUL_PRECISION=high', "
+        "\"the scripts' own precision\"]"]
+    assert not (tmp_path / "mixed.json").exists()
     # Runs from different devices (another chip, another count, a CPU) make no one table.
     for second in (other, four, run_dir):
         mixed = run_table(tmp_path, "--collect", str(chip), str(second), "--out",

@@ -141,6 +141,16 @@ def test_a_killed_harness_run_resumes_from_its_last_chunk_bit_for_bit(tmp_path, 
         f"error: saved/{tune.CHECKPOINT} is of a run with --ppo.learning-rate 0.005, not 0.001; "
         f"give another --checkpoint-dir or remove it"]
     assert checkpoint_file.read_bytes() == saved
+    # So is the same command where the environment sets another precision (on a TPU, other
+    # numbers than the chunks saved).
+    with monkeypatch.context() as patch:
+        patch.setenv("JAX_DEFAULT_MATMUL_PRECISION", "high")
+        elsewhere = run_in_process(tmp_path, *RESUMED, "--checkpoint-dir", "saved")
+    assert elsewhere.returncode == 2 and elsewhere.stderr.strip().splitlines() == [
+        f"error: saved/{tune.CHECKPOINT} was written at the scripts' own precision, and this "
+        f"process runs with JAX_DEFAULT_MATMUL_PRECISION=high; give another --checkpoint-dir or "
+        f"remove it"]
+    assert checkpoint_file.read_bytes() == saved
 
     # The same command again resumes.
     resumed = run_in_process(tmp_path, *RESUMED, "--checkpoint-dir", "saved")
@@ -289,8 +299,9 @@ def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path, wh
     assert "compiled evaluate in" in first.stderr.split("chunk  1/4")[0]
 
     # The same setting on the same seeds again, against the first run: identical returns, so the
-    # differences are 0 and a run of either is as likely to be the better one. Run where the
-    # environment sets another precision (the same bits on a CPU), its record names it.
+    # differences are 0 and a run of either is as likely to be the better one. With the
+    # environment naming another precision, its record names it (this process's JAX took its
+    # precision at import, so here only the record changes).
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("JAX_DEFAULT_MATMUL_PRECISION", "high")
         second = run_in_process(tmp_path, *RESUMED, "--baseline", "a.json", "--quiet")

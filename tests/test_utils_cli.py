@@ -89,7 +89,8 @@ def test_a_machine_without_cpuinfo_is_still_described(tmp_path):
 
 
 @pytest.mark.parametrize("value, recorded", [
-    (None, {}), ("highest", {}), ("high", {"env_vars": "JAX_DEFAULT_MATMUL_PRECISION=high"}),
+    (None, {}), ("highest", {}), ("float32", {}),
+    ("high", {"env_vars": "JAX_DEFAULT_MATMUL_PRECISION=high"}),
     ("default", {"env_vars": "JAX_DEFAULT_MATMUL_PRECISION=default"})])
 def test_a_record_names_the_precision_the_environment_sets_other_than_the_scripts(monkeypatch,
                                                                                 value, recorded):

@@ -64,6 +64,15 @@ def test_training_checkpoints_resume_and_load_model(tmp_path, monkeypatch):
     assert stopped.returncode == 143, stopped.stderr
     run_dir = only_run_dir(tmp_path / "stopped")
     assert read_summary(run_dir)["global_step"] == 3 * 256
+    # Resumed where the environment sets another precision than the run's (on a TPU, other
+    # numbers): refused in one line, before anything is written.
+    with monkeypatch.context() as patch:
+        patch.setenv("JAX_DEFAULT_MATMUL_PRECISION", "high")
+        elsewhere = run_main(tiny_pg, tmp_path / "stopped", "--resume", run_dir)
+    assert elsewhere.returncode == 2
+    assert elsewhere.stderr.strip().splitlines() == [
+        f"error: {run_dir}/checkpoint.safetensors was written at the scripts' own precision, and "
+        f"this process runs with JAX_DEFAULT_MATMUL_PRECISION=high: resume it as it was run"]
     # Resumed with its evaluation compiled in a thread while it trains (a GPU's or TPU's way).
     with monkeypatch.context() as patch:
         patch.setattr(training.Run, "evaluation_beside_training", True)
@@ -71,8 +80,9 @@ def test_training_checkpoints_resume_and_load_model(tmp_path, monkeypatch):
     assert resumed.returncode == 0, resumed.stderr
     assert ends_with(run_dir) == ends_with(whole_dir)
 
-    # The saved model plays to the training run's own evaluation. Run with another matrix
-    # product precision (the same bits on a CPU), its summary names the environment it needs.
+    # The saved model plays to the training run's own evaluation. With the environment naming
+    # another precision, its summary names it (this process's JAX took its precision at import,
+    # so here only the record changes).
     (tmp_path / "load").mkdir()
     model = os.path.join(whole_dir, "model.safetensors")
     with monkeypatch.context() as patch:

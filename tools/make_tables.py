@@ -141,8 +141,24 @@ def command(result: dict) -> str:
     script comes from the command (a harness names its script in the manifest's [harness]). The
     environment it ran in goes before it, where that changed what it computed (utils.cli.env_vars:
     another matrix product precision)."""
-    rendered = script_command(result)
-    return f"{result['env_vars']} {rendered}" if result.get("env_vars") else rendered
+    return with_environment(result, script_command(result))
+
+
+def with_environment(result: dict, cmd: str | None = None) -> str:
+    """`cmd` (by default the result's recorded command) after the environment it ran in, where
+    that changed what it computed: the result's own, or the one its script runs share (rows of
+    tools/results_table.py's runs; collected runs each carry their own, seed_command)."""
+    cmd = result["command"] if cmd is None else cmd
+    runs = ([row.get("env_vars") for row in result.get("rows") or [] if "args" in row]
+            if "--collect" not in result["command"] else [])
+    shared = runs[0] if runs and len(set(runs)) == 1 else None
+    environment = result.get("env_vars") or shared
+    return f"{environment} {cmd}" if environment else cmd
+
+
+def shown(report: dict) -> dict:
+    """A benchmark report's fields for a preamble: its command after its environment."""
+    return report | ({"command": with_environment(report)} if "command" in report else {})
 
 
 def script_command(result: dict) -> str:
@@ -455,9 +471,9 @@ def speed_table(table: dict) -> str:
     for row in table.get("rows") or [{}]:  # a harness table: a row per round, none listed
         report = load(row.get("file", table.get("file")))
         rounds = report.get("rounds") or {r["round"] for r in report["runs"]}
-        facts = facts or {**report, "rounds": len(rounds)}
+        facts = facts or {**shown(report), "rounds": len(rounds)}
         one = table | {"rows": [row]} if row else table
-        rows += [{"command": report["command"]} | r for r in speed_rows(one, report)]
+        rows += [{"command": shown(report)["command"]} | r for r in speed_rows(one, report)]
     lines = [fmt.format(table["preamble"], **facts), "", fmt.format(table["head"], **facts),
              table["rule"]]
     for row in rows:
@@ -528,7 +544,7 @@ def rows_table(table: dict) -> str:
     name its own `file`, and the `list` of that report to look in ("": the report itself is the
     one row)."""
     report = load(table["file"])
-    lines = [table["preamble"].format(**report), "", table["head"], table["rule"]]
+    lines = [table["preamble"].format(**shown(report)), "", table["head"], table["rule"]]
     for row in table["rows"]:
         source = load(row["file"]) if "file" in row else report
         listed = row.get("list", "rows")

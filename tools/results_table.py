@@ -30,7 +30,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tools import common  # noqa: E402
-from utils import cli, files  # noqa: E402
+from utils import files  # noqa: E402
 from utils.evaluation import EVALUATIONS, PROTOCOL_OF, return_tag  # noqa: E402
 
 
@@ -112,10 +112,15 @@ def machine_of(rows: list[dict]) -> str:
     """The machine the rows trained on, as utils.cli.machine names it: the one their runs'
     summaries name (a run collected here from another machine names that one); for runs from
     before summaries named it, this one's CPU, with first the accelerator their runs name. Rows
-    from different devices, or device counts, are refused; from different machines, named."""
+    from different devices, or device counts, or precisions, are refused; from different machines,
+    named."""
     devices = {r["device"] for r in rows if r.get("device")}
     if len(devices) > 1:
         common.fail(f"the runs trained on different devices: {sorted(devices)}")
+    environments = {r.get("env_vars", "") for r in rows}
+    if len(environments) > 1:
+        shown = sorted(e or "the scripts' own precision" for e in environments)
+        common.fail(f"the runs computed at different precisions: {shown}")
     machines = {r.get("machine") for r in rows}
     if None not in machines:
         return " and ".join(sorted(machines))
@@ -226,7 +231,6 @@ def main() -> None:
               f"wall {run.wall_seconds:.1f}s", file=sys.stderr)
     table = {"command": common.without_cache_dir(
                  "python tools/results_table.py " + shlex.join(sys.argv[1:])),
-             **({} if args.collect else cli.env_vars()),  # the seeds' runs inherit it
              "script": args.script, "policy": headline_policy(rows), "cpu": machine_of(rows),
              "rows": rows, "date": common.utc_date()}
     print_table(table)

@@ -282,7 +282,8 @@ def checkpoint_identity(cfg, seeds: list[int], eval_episodes: int, num_chunks: i
     used = {k: v for k, v in vars(cfg).items() if k not in not_used(script)}
     return {"format": "tune checkpoint 2", "code": code, "script": name_of(script), "args": used,
             "seeds": seeds, "eval_episodes": eval_episodes, "num_chunks": num_chunks,
-            "stability": stability, "vmap_seeds": vmap_seeds}
+            "stability": stability, "vmap_seeds": vmap_seeds,
+            "env_vars": startup.precision_environment()}  # "" in checkpoints from before it
 
 
 # On a TPU v5e 32 seeds at once trained slower than 32 in groups of 8 (PPO, PQN) and than 8 seeds
@@ -315,13 +316,16 @@ def read_checkpoint(path: str, identity: dict) -> tuple[dict, dict] | None:
     if header.get("format") != json.dumps(identity["format"]):
         raise ValueError(f"{path} is not a checkpoint of this harness")
     for name, value in identity.items():
-        saved, value = files.header_value(path, header, name), json.loads(json.dumps(value))
+        saved = files.header_value(path, header, name, {"env_vars": ""})
+        value = json.loads(json.dumps(value))
         if name == "args" and saved != value:  # name the first argument that differs
             group, name = group_of(identity["script"]), next(k for k in sorted(saved | value)
                                                              if saved.get(k) != value.get(k))
             saved, value, name = saved.get(name), value.get(name), f"{group}.{name}"
         if saved != value:
             reason = ("was written by another version of the code" if name == "code" else
+                      f"was written {checkpoint.under(saved)}, and this process runs "
+                      f"{checkpoint.under(value)}" if name == "env_vars" else
                       f"is of a run with --{name.replace('_', '-')} {saved}, not {value}")
             raise ValueError(f"{path} {reason}; give another --checkpoint-dir or remove it")
     return tensors, header

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 import safetensors.numpy
 
+from utils import cli
 from utils.files import (
     header_value,
     read_safetensors,
@@ -25,6 +26,7 @@ from utils.files import (
     source_digest,
     write_atomically,
 )
+from utils.startup import precision_environment
 
 CHECKPOINT = "checkpoint.safetensors"
 UTILS = os.path.dirname(os.path.abspath(__file__))
@@ -134,7 +136,7 @@ class Checkpointer:
         self.path, self.log = os.path.join(run_dir, CHECKPOINT), log
         self.header = {"format": checkpoint_format(script), "code": code_version(script),
                        "args": {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
-                                if f.init and f.name != "resume"}}
+                                if f.init and f.name != "resume"}, **cli.env_vars()}
         self.disk = concurrent.futures.ThreadPoolExecutor(1)
         self.pending = None
 
@@ -196,7 +198,17 @@ def read_checkpoint(script: str, run_dir: str) -> tuple[str, dict, dict]:
         raise ValueError(f"{path} was written by another version of "
                          f"{os.path.basename(script)} or utils/; resume it with the code that "
                          f"wrote it")
+    written_in, running_in = json.loads(header.get("env_vars", '""')), precision_environment()
+    if written_in != running_in:
+        raise ValueError(f"{path} was written {under(written_in)}, and this process runs "
+                         f"{under(running_in)}: resume it as it was run")
     return path, tensors, header
+
+
+def under(environment: str) -> str:
+    """Where a run computed: "with JAX_DEFAULT_MATMUL_PRECISION=high", or at the scripts' own
+    precision."""
+    return f"with {environment}" if environment else "at the scripts' own precision"
 
 
 def read_checkpoint_args(script: str, run_dir: str) -> dict:

@@ -32,7 +32,8 @@ def precision_environment() -> str:
     MATMUL_PRECISION, else "": what a recorded command needs before it to run the same products
     (on a TPU another precision gives other numbers)."""
     value = os.environ.get("JAX_DEFAULT_MATMUL_PRECISION", MATMUL_PRECISION)
-    return "" if value == MATMUL_PRECISION else f"JAX_DEFAULT_MATMUL_PRECISION={value}"
+    own = {MATMUL_PRECISION, "float32"}  # JAX's two names of it
+    return "" if value in own else f"JAX_DEFAULT_MATMUL_PRECISION={value}"
 
 
 class DeferredModule(types.ModuleType):
