@@ -122,6 +122,16 @@ def test_search_runs_two_trials_and_resumes(tmp_path):
     assert (trials[0].params, trials[0].value) == (trial.params, trial.value)  # resumed
     assert trials[1].params != trial.params
     assert sorted(trials[1].intermediate_values) == [0, 1]  # one point per chunk
+    # A worker where the environment sets another precision (on a TPU, other numbers) does not
+    # join the study.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("JAX_DEFAULT_MATMUL_PRECISION", "high")
+        assert search.study_settings(args_of(fixed=FIXED))["env_vars"] == (
+            "JAX_DEFAULT_MATMUL_PRECISION=high")
+        other = run_search(tmp_path, storage, "--n-trials", "3")
+    assert other.returncode == 2 and len(other.stderr.strip().splitlines()) == 1
+    assert "(env_vars: unset there, JAX_DEFAULT_MATMUL_PRECISION=high here)" in other.stderr
+    assert len(load(storage).trials) == 2
 
     report = json.loads((tmp_path / "report.json").read_text())
     assert [t["number"] for t in report["trials"]] == [0, 1]

@@ -38,7 +38,7 @@ from optuna.trial import TrialState
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tools import common, stats, tune  # noqa: E402  (tune sets up JAX's devices first)
-from utils import contract  # noqa: E402
+from utils import cli, contract  # noqa: E402
 
 # Heartbeats and their retry callback are marked experimental; they are what lets a study resume.
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
@@ -234,6 +234,7 @@ def study_settings(args: Args) -> dict:
                                      if name not in run_only | shaped},
         **{name: getattr(args, name) for name in ("num_seeds", "first_seed", "eval_episodes",
                                                   "num_chunks", "prune_from_chunk")},
+        **cli.env_vars(),  # another precision than the scripts' (on a TPU, other numbers)
     }
     return json.loads(json.dumps(settings))  # as the storage gives it back (tuples as lists)
 
@@ -503,6 +504,7 @@ def report(study: optuna.Study) -> dict:
         "study_name": study.study_name,
         "script": script,
         "command": made["command"],
+        **{name: settings[name] for name in ("env_vars",) if name in settings},
         "search_space": {name: optuna.distributions.distribution_to_json(dist)
                          for name, dist in space.params.items()},
         "fixed": {name: fixed[name] for name in [*space.params, "hidden_sizes"] if name in fixed},
