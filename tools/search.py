@@ -504,7 +504,7 @@ def report(study: optuna.Study) -> dict:
         "study_name": study.study_name,
         "script": script,
         "command": made["command"],
-        **{name: settings[name] for name in ("env_vars",) if name in settings},
+        **({"env_vars": settings["env_vars"]} if "env_vars" in settings else {}),
         "search_space": {name: optuna.distributions.distribution_to_json(dist)
                          for name, dist in space.params.items()},
         "fixed": {name: fixed[name] for name in [*space.params, "hidden_sizes"] if name in fixed},
