@@ -1,19 +1,23 @@
 """Where a DQN iteration's time goes, on the device JAX has (a GPU or TPU where there is one, else
-the CPU): dqn_minatar.py's update step, and each of its parts compiled and run alone, as many times
-as one iteration runs it, for N seeds side by side (vmap, as the harness trains them on an
-accelerator).
+the CPU): the update step of dqn_minatar.py or sr_dqn_minatar.py (--script), and each of its parts
+compiled and run alone, as many times as one iteration runs it, for N seeds side by side (vmap, as
+the harness trains them on an accelerator).
 
 The parts, with the script's default settings (or --script-args) on a state past the warm-up:
-- `rollout`: the iteration's environment steps, epsilon-greedy on the online network;
+- `rollout`: the iteration's environment steps, epsilon-greedy on the acting network;
 - `buffer_add`: writing each chunk's transitions into the replay buffer;
 - `sample`: drawing the gradient steps' batches of n-step windows (a chunk's at once) and unpacking
   their observations;
-- `gradient`: the gradient steps on a fixed batch (three forward passes, a backward one, Adam);
-- `target`: the target network's update check after each chunk.
+- `gradient`: the gradient steps on a fixed batch (three forward passes, a backward one, the
+  optimizer's step; sr_dqn_minatar's with AdamW and the target's EMA step);
+- `target` (dqn_minatar): the target network's update check after each chunk;
+- `reset` (sr_dqn_minatar): the iteration's fresh networks, and the reset check after each chunk
+  (seeds side by side compute the reset in every chunk and keep it where one is due).
 Each part's time is the median of --repeats runs, in milliseconds per iteration; `sum_over_whole`
 says how much of the whole step the parts account for (the rest: what XLA fuses across them).
 
 Run:  python speed/dqn_profile.py --seeds 1 8 --out profile.json
+      python speed/dqn_profile.py --script sr_dqn_minatar --seeds 1 8 --out profile.json
 """
 
 import dataclasses
@@ -23,6 +27,7 @@ import shlex
 import statistics
 import sys
 import time
+from typing import Literal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -30,7 +35,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import tyro  # noqa: E402
 
-import dqn_minatar as dqn  # noqa: E402
+import dqn_minatar  # noqa: E402
+import sr_dqn_minatar  # noqa: E402
 from tools import common  # noqa: E402
 from utils import contract, training  # noqa: E402
 from utils.env import make_env  # noqa: E402
@@ -38,8 +44,10 @@ from utils.env import make_env  # noqa: E402
 
 @dataclasses.dataclass
 class Args:
+    script: Literal["dqn_minatar", "sr_dqn_minatar"] = "dqn_minatar"
+    """the script whose update step is profiled"""
     script_args: str = ""
-    """dqn_minatar.py's flags, as one string (its defaults otherwise)"""
+    """the script's flags, as one string (its defaults otherwise)"""
     seeds: tuple[int, ...] = (1,)
     """seed counts N to profile, each N seeds side by side"""
     repeats: int = 5
@@ -64,8 +72,9 @@ def checksum(tree) -> jax.Array:
     return sum(jnp.sum(jnp.asarray(x, jnp.float32)) for x in jax.tree.leaves(tree))
 
 
-def parts(args, env, env_params):
-    """The whole update step and its parts, each a function of one seed's runner state."""
+def dqn_parts(args, env, env_params):
+    """dqn_minatar's update step and its parts, each a function of one seed's runner state."""
+    dqn = dqn_minatar
     network = dqn.make_network(env.action_space(env_params).n, args.hidden_sizes, args.layer_norm,
                                args.conv_channels, args.conv_style)
     optimizer, buffer = dqn.make_optimizer(args), dqn.make_buffer(args)
@@ -119,15 +128,86 @@ def parts(args, env, env_params):
                                "gradient": gradient, "target": target}
 
 
+def sr_dqn_parts(args, env, env_params):
+    """sr_dqn_minatar's update step and its parts, each a function of one seed's runner state."""
+    sr = sr_dqn_minatar
+    network = sr.make_network(env.action_space(env_params).n, args.hidden_sizes, args.layer_norm,
+                              args.conv_channels, args.conv_style)
+    optimizer, buffer = sr.make_optimizer(args), sr.make_buffer(args)
+    codec = sr.grid_codec(env.observation_space(env_params).shape)
+    num_chunks, steps_per_chunk, updates_per_chunk = sr.interleaving(args)
+    num_updates = num_chunks * updates_per_chunk
+    epsilon_at = sr.epsilon_schedule(args)
+    sample_batch = functools.partial(sr.sample_batch, batch_size=args.batch_size,
+                                     max_n=sr.max_n(args), codec=codec)
+    update_step = sr.make_update_step(args, env, env_params, network, optimizer, buffer, codec)
+    init = functools.partial(sr.init_runner, env=env, env_params=env_params, network=network,
+                             optimizer=optimizer, buffer=buffer, num_envs=args.num_envs,
+                             codec=codec)
+    total = sr.total_gradient_steps(args)
+
+    def rollout(runner):
+        def chunk(runner, _):
+            runner, (transitions, _, _) = sr.collect_transitions(
+                runner, env, env_params, network, steps_per_chunk, epsilon_at, codec,
+                args.act_with_target)
+            return runner, checksum(transitions)
+        return jax.lax.scan(chunk, runner, None, length=num_chunks)
+
+    def buffer_add(runner):
+        transitions = jax.tree.map(lambda x: x[:, :steps_per_chunk],
+                                   runner.buffer_state.experience)
+        def chunk(buffer_state, _):
+            return buffer.add(buffer_state, transitions), None
+        return jax.lax.scan(chunk, runner.buffer_state, None, length=num_chunks)[0]
+
+    def sample(runner):
+        def chunk(_, key):  # a chunk's batches at once, each with its n and gamma, as the step does
+            keys = jax.random.split(key, updates_per_chunk)
+            n, gamma = sr.n_and_gamma(args, runner.train_state.since_reset
+                                      + jnp.arange(updates_per_chunk))
+            batches = jax.vmap(sample_batch, in_axes=(None, 0, 0, 0))(runner.buffer_state, keys,
+                                                                      n, gamma)
+            return None, checksum(batches)
+        return jax.lax.scan(chunk, None, jax.random.split(runner.key, num_chunks))[1]
+
+    def gradient(runner):
+        n, gamma = sr.n_and_gamma(args, runner.train_state.since_reset)
+        mb = sample_batch(runner.buffer_state, runner.key, n, gamma)
+
+        def one(train_state, _):
+            return sr.gradient_step(train_state, mb, network, optimizer, args.loss,
+                                    args.tau)[0], None
+        return jax.lax.scan(one, runner.train_state, None, length=num_updates)[0]
+
+    def reset(runner):
+        fresh = sr.fresh_networks(runner.key, network, runner.obs)
+
+        def chunk(train_state, _):  # the gradient-step clock as the chunks move it
+            before = train_state.steps
+            train_state = train_state._replace(steps=before + updates_per_chunk)
+            return jax.lax.cond(sr.reset_due(before, train_state.steps, args.reset_period, total),
+                                lambda: sr.reset(train_state, fresh, optimizer, args.shrink),
+                                lambda: train_state), None
+        return jax.lax.scan(chunk, runner.train_state, None, length=num_chunks)[0]
+
+    return init, update_step, {"rollout": rollout, "buffer_add": buffer_add, "sample": sample,
+                               "gradient": gradient, "reset": reset}
+
+
+PARTS = {"dqn_minatar": dqn_parts, "sr_dqn_minatar": sr_dqn_parts}
+
+
 def main() -> None:
     bench = tyro.cli(Args, description=__doc__.split("\n\n")[0])
     if bench.repeats <= 0 or any(n <= 0 for n in bench.seeds):
         common.fail("--repeats and --seeds must be positive")
     common.check_out(bench.out)
-    args = training.parse_args(dqn, [*shlex.split(bench.script_args), "--num-devices", "1"])
-    args = contract.fill_runtime_fields(dqn, args)
+    script = {"dqn_minatar": dqn_minatar, "sr_dqn_minatar": sr_dqn_minatar}[bench.script]
+    args = training.parse_args(script, [*shlex.split(bench.script_args), "--num-devices", "1"])
+    args = contract.fill_runtime_fields(script, args)
     env, env_params = make_env(args.env_id, args.sticky_action_prob)
-    init, update_step, programs = parts(args, env, env_params)
+    init, update_step, programs = PARTS[bench.script](args, env, env_params)
     # A state past the warm-up, its buffer part-filled: what most of a run's iterations start from.
     step = jax.jit(update_step, donate_argnums=0)
     state = jax.jit(init)(jax.random.key(args.seed))
@@ -138,11 +218,12 @@ def main() -> None:
     def write(echo: bool) -> None:
         if bench.out or echo:
             common.write_report(common.new_report(
-                machine=common.machine(jax.devices()), script_args=bench.script_args,
+                machine=common.machine(jax.devices()), script=bench.script,
+                script_args=bench.script_args,
                 matmul_precision=jax.config.jax_default_matmul_precision or "default",
                 steps_per_iteration=args.steps_per_iteration,
                 interleaving=dict(zip(("chunks", "steps_per_chunk", "updates_per_chunk"),
-                                      dqn.interleaving(args))), rows=rows), bench.out, echo)
+                                      script.interleaving(args))), rows=rows), bench.out, echo)
 
     for n in bench.seeds:
         states = jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *x.shape)), state)
