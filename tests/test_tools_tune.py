@@ -161,6 +161,10 @@ def test_a_killed_harness_run_resumes_from_its_last_chunk_bit_for_bit(tmp_path, 
                 "stability"):
         assert again[key] == whole_run[key], key
     assert again["resumed_after_chunk"] == 1 and "resumed_after_chunk" not in whole_run
+    # The checkpoints' writing is timed, as part of training's time; none without a directory.
+    timing = again["timing"]
+    assert 0 < timing["checkpoint_seconds"] < timing["train_seconds"]
+    assert whole_run["timing"]["checkpoint_seconds"] == 0
 
     # Killed after its last chunk (in the evaluation): the same command trains nothing and
     # evaluates the trained seeds, as the run that was not stopped did.

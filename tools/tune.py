@@ -210,6 +210,8 @@ class SeedsResult(NamedTuple):
     compile_parts: dict | None = None
     # with both_policies, the other policy's (seeds,) returns: gymnax's and MinAtar's protocol
     other_returns: np.ndarray | None = None
+    # of train_seconds, this process's writing of the checkpoint after each chunk
+    checkpoint_seconds: float = 0.0
     other_returns_minatar: np.ndarray | None = None
     other_bound_hits: np.ndarray | None = None
     # chunks the run took from its checkpoint (0: it trained whole in this process)
@@ -535,7 +537,7 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
         runners = jax.device_put(runners, seed_sharding)
 
     resumed_after_chunk = len(return_sums)  # chunks taken from the checkpoint
-    train_start = time.time() - train_seconds
+    train_start, checkpoint_seconds = time.time() - train_seconds, 0.0
     for chunk in range(len(return_sums), len(iteration_counts)):
         runners, chunk_return_sums, chunk_episodes, chunk_extremes = train(
             runners, jnp.int32(iteration_counts[chunk]))
@@ -543,8 +545,10 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
         return_sums.append(np.asarray(chunk_return_sums)[:len(seeds)])
         episodes.append(np.asarray(chunk_episodes)[:len(seeds)])
         if checkpoint_path:  # before the next chunk takes over the runners' memory (donated)
+            save_start = time.time()
             save_chunks(checkpoint_path, identity, runners, len(seeds), return_sums, episodes,
-                        extremes, time.time() - train_start)
+                        extremes, save_start - train_start)
+            checkpoint_seconds += time.time() - save_start
         if on_chunk is not None:
             on_chunk(chunk, len(iteration_counts), chunk_steps[chunk], return_sums[-1],
                      episodes[-1])
@@ -574,7 +578,8 @@ def train_seeds(cfg, seeds: list[int], eval_episodes: int, num_chunks: int,
                        compile_seconds=compile_seconds, train_seconds=train_seconds,
                        eval_seconds=time.time() - eval_start, stability=stability or None,
                        vmap_seeds=group, compile_parts=compile_parts,
-                       resumed_after_chunk=resumed_after_chunk, **other)
+                       resumed_after_chunk=resumed_after_chunk,
+                       checkpoint_seconds=checkpoint_seconds, **other)
 
 
 def changed_args(cfg) -> dict:
@@ -620,6 +625,7 @@ def result_json(cfg, seeds: list[int], result: SeedsResult, eval_episodes: int,
         "pooled_curve": stats.pooled_curve(result.return_sums, result.episodes),
         "timing": {"compile_seconds": result.compile_seconds,
                    "compile_parts": result.compile_parts, "train_seconds": result.train_seconds,
+                   "checkpoint_seconds": result.checkpoint_seconds,
                    "eval_seconds": result.eval_seconds, "wall_seconds": wall_seconds,
                    "peak_memory_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
                    "machine": machine(), "devices": len(jax.devices())},
