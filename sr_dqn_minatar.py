@@ -403,6 +403,22 @@ def window_indices(buffer_state, key: jax.Array, batch_size: int, n: int
     return rows, (start[:, None] + jnp.arange(n)) % row_length
 
 
+def window_steps(x: jax.Array, rows: jax.Array, starts: jax.Array, n: int) -> jax.Array:
+    """x[rows[:, None], (starts[:, None] + arange(n)) % row_length]: each window's n consecutive
+    slots of its row of x (rows, row_length), wrapping around the row's end, taken as two slices
+    of n, not n single slots: a TPU gathers slot by slot. A window that wraps is the row's last n
+    slots then its first n, shifted."""
+    row_length = x.shape[1]
+
+    def window(row: jax.Array, start: jax.Array) -> jax.Array:
+        first = jnp.minimum(start, row_length - n)  # start itself unless the window wraps
+        end = jax.lax.dynamic_slice(x, (row, first), (1, n))[0]
+        beginning = jax.lax.dynamic_slice(x, (row, 0), (1, n))[0]
+        return jax.lax.dynamic_slice(jnp.concatenate([end, beginning]), (start - first,), (n,))
+
+    return jax.vmap(window)(rows, starts)
+
+
 def sample_batch(buffer_state, key: jax.Array, n: jax.Array, gamma: jax.Array, batch_size: int,
                  max_n: int, codec: ObsCodec) -> Batch:
     """A batch of n-step samples (this gradient step's n and gamma) from windows of max_n steps
@@ -413,8 +429,8 @@ def sample_batch(buffer_state, key: jax.Array, n: jax.Array, gamma: jax.Array, b
     rows, slots = window_indices(buffer_state, key, batch_size, max_n)
     stored = buffer_state.experience
     reward, discount, last = jax.vmap(n_step_return, in_axes=(0, 0, 0, None, None))(
-        *(x[rows[:, None], slots] for x in (stored.reward, stored.terminated, stored.truncated)),
-        n, gamma)
+        *(window_steps(x, rows, slots[:, 0], max_n)
+          for x in (stored.reward, stored.terminated, stored.truncated)), n, gamma)
     first, stop = slots[:, 0], jnp.take_along_axis(slots, last[:, None], axis=1)[:, 0]
     return Batch(obs=codec.decode(stored.obs[rows, first]), action=stored.action[rows, first],
                  reward=reward, discount=discount,

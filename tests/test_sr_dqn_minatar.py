@@ -83,6 +83,19 @@ def test_the_batches_are_flashbaxs_windows_cut_to_this_steps_n(num_steps, n):
         assert len(set(np.asarray(batch.obs[:, 0]).tolist())) == 3 * (kept - 9)
 
 
+@pytest.mark.parametrize("n", [1, 3, 10, 16])
+def test_a_windows_slices_are_its_steps_wrapping_around_the_rows_end(n):
+    # window_steps takes two slices per window; it must give each step exactly as indexing does,
+    # from every start of every row, the windows that wrap around the row's end included.
+    x = jax.random.normal(jax.random.key(n), (3, 16))
+    rows, starts = (jnp.array(a).ravel() for a in np.meshgrid(np.arange(3), np.arange(16)))
+    slots = (starts[:, None] + jnp.arange(n)) % 16
+    np.testing.assert_array_equal(sr.window_steps(x, rows, starts, n), x[rows[:, None], slots])
+    flags = x > 0  # the episode ends are booleans
+    np.testing.assert_array_equal(sr.window_steps(flags, rows, starts, n),
+                                  flags[rows[:, None], slots])
+
+
 def tiny_state(seed=0):
     network = sr.make_network(4, (16,), False, 8)
     obs = jnp.zeros((2, 10, 10, 4))
