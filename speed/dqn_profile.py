@@ -27,6 +27,7 @@ import shlex
 import statistics
 import sys
 import time
+import types
 from typing import Literal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -72,127 +73,125 @@ def checksum(tree) -> jax.Array:
     return sum(jnp.sum(jnp.asarray(x, jnp.float32)) for x in jax.tree.leaves(tree))
 
 
-def dqn_parts(args, env, env_params):
-    """dqn_minatar's update step and its parts, each a function of one seed's runner state."""
-    dqn = dqn_minatar
-    network = dqn.make_network(env.action_space(env_params).n, args.hidden_sizes, args.layer_norm,
-                               args.conv_channels, args.conv_style)
-    optimizer, buffer = dqn.make_optimizer(args), dqn.make_buffer(args)
-    codec = dqn.grid_codec(env.observation_space(env_params).shape)
-    num_chunks, steps_per_chunk, updates_per_chunk = dqn.interleaving(args)
-    num_updates = num_chunks * updates_per_chunk
-    epsilon_at = dqn.epsilon_schedule(args)
-    sample_batch = functools.partial(dqn.sample_batch, batch_size=args.batch_size, n=args.n_step,
-                                     gamma=args.gamma, codec=codec)
-    update_step = dqn.make_update_step(args, env, env_params, network, optimizer, buffer, codec)
-    init = functools.partial(dqn.init_runner, env=env, env_params=env_params, network=network,
-                             optimizer=optimizer, buffer=buffer, num_envs=args.num_envs,
-                             codec=codec)
-
+def rollout_part(collect, num_chunks: int):
+    """The iteration's environment steps: collect(runner), a chunk's, num_chunks times."""
     def rollout(runner):
         def chunk(runner, _):
-            runner, (transitions, _, _) = dqn.collect_transitions(
-                runner, env, env_params, network, steps_per_chunk, epsilon_at, codec)
+            runner, (transitions, _, _) = collect(runner)
             return runner, checksum(transitions)
         return jax.lax.scan(chunk, runner, None, length=num_chunks)
+    return rollout
 
+
+def buffer_add_part(buffer, steps_per_chunk: int, num_chunks: int):
+    """Writing each chunk's transitions into the replay buffer, num_chunks times."""
     def buffer_add(runner):
         transitions = jax.tree.map(lambda x: x[:, :steps_per_chunk],
                                    runner.buffer_state.experience)
         def chunk(buffer_state, _):
             return buffer.add(buffer_state, transitions), None
         return jax.lax.scan(chunk, runner.buffer_state, None, length=num_chunks)[0]
+    return buffer_add
+
+
+def built(script, args, env, env_params) -> types.SimpleNamespace:
+    """What both scripts build alike (the same names in each): the network, optimizer, buffer and
+    codec, the interleaving, the epsilon schedule, the update step and the initial state, and the
+    rollout and buffer parts."""
+    b = types.SimpleNamespace()
+    b.network = script.make_network(env.action_space(env_params).n, args.hidden_sizes,
+                                    args.layer_norm, args.conv_channels, args.conv_style)
+    b.optimizer, b.buffer = script.make_optimizer(args), script.make_buffer(args)
+    b.codec = script.grid_codec(env.observation_space(env_params).shape)
+    b.num_chunks, b.steps_per_chunk, b.updates_per_chunk = script.interleaving(args)
+    b.num_updates = b.num_chunks * b.updates_per_chunk
+    b.epsilon_at = script.epsilon_schedule(args)
+    b.update_step = script.make_update_step(args, env, env_params, b.network, b.optimizer,
+                                            b.buffer, b.codec)
+    b.init = functools.partial(script.init_runner, env=env, env_params=env_params,
+                               network=b.network, optimizer=b.optimizer, buffer=b.buffer,
+                               num_envs=args.num_envs, codec=b.codec)
+    # sr_dqn_minatar acts with the network --act-with-target names; dqn_minatar with the online one
+    acting = (args.act_with_target,) if hasattr(args, "act_with_target") else ()
+    b.rollout = rollout_part(lambda runner: script.collect_transitions(
+        runner, env, env_params, b.network, b.steps_per_chunk, b.epsilon_at, b.codec, *acting),
+        b.num_chunks)
+    b.buffer_add = buffer_add_part(b.buffer, b.steps_per_chunk, b.num_chunks)
+    return b
+
+
+def dqn_parts(args, env, env_params):
+    """dqn_minatar's update step and its parts, each a function of one seed's runner state."""
+    dqn, b = dqn_minatar, built(dqn_minatar, args, env, env_params)
+    sample_batch = functools.partial(dqn.sample_batch, batch_size=args.batch_size, n=args.n_step,
+                                     gamma=args.gamma, codec=b.codec)
 
     def sample(runner):
         def chunk(_, key):  # a chunk's batches at once, as the update step draws them
-            keys = jax.random.split(key, updates_per_chunk)
+            keys = jax.random.split(key, b.updates_per_chunk)
             batches = jax.vmap(sample_batch, in_axes=(None, 0))(runner.buffer_state, keys)
             return None, checksum(batches)
-        return jax.lax.scan(chunk, None, jax.random.split(runner.key, num_chunks))[1]
+        return jax.lax.scan(chunk, None, jax.random.split(runner.key, b.num_chunks))[1]
 
     def gradient(runner):
         mb = sample_batch(runner.buffer_state, runner.key)
 
         def one(train_state, _):
-            return dqn.gradient_step(train_state, mb, network, optimizer, args.loss)[0], None
-        return jax.lax.scan(one, runner.train_state, None, length=num_updates)[0]
+            return dqn.gradient_step(train_state, mb, b.network, b.optimizer, args.loss)[0], None
+        return jax.lax.scan(one, runner.train_state, None, length=b.num_updates)[0]
 
     def target(runner):
-        def chunk(train_state, i):  # the clock of the iteration's chunks
-            before = runner.env_steps + i * args.num_envs * steps_per_chunk
-            return dqn.update_target(train_state, before, before + args.num_envs * steps_per_chunk,
-                                     args.target_update_period, args.tau), None
-        return jax.lax.scan(chunk, runner.train_state, jnp.arange(num_chunks))[0]
+        steps = args.num_envs * b.steps_per_chunk
 
-    return init, update_step, {"rollout": rollout, "buffer_add": buffer_add, "sample": sample,
-                               "gradient": gradient, "target": target}
+        def chunk(train_state, i):  # the clock of the iteration's chunks
+            before = runner.env_steps + i * steps
+            return dqn.update_target(train_state, before, before + steps,
+                                     args.target_update_period, args.tau), None
+        return jax.lax.scan(chunk, runner.train_state, jnp.arange(b.num_chunks))[0]
+
+    return b.init, b.update_step, {"rollout": b.rollout, "buffer_add": b.buffer_add,
+                                   "sample": sample, "gradient": gradient, "target": target}
 
 
 def sr_dqn_parts(args, env, env_params):
     """sr_dqn_minatar's update step and its parts, each a function of one seed's runner state."""
-    sr = sr_dqn_minatar
-    network = sr.make_network(env.action_space(env_params).n, args.hidden_sizes, args.layer_norm,
-                              args.conv_channels, args.conv_style)
-    optimizer, buffer = sr.make_optimizer(args), sr.make_buffer(args)
-    codec = sr.grid_codec(env.observation_space(env_params).shape)
-    num_chunks, steps_per_chunk, updates_per_chunk = sr.interleaving(args)
-    num_updates = num_chunks * updates_per_chunk
-    epsilon_at = sr.epsilon_schedule(args)
+    sr, b = sr_dqn_minatar, built(sr_dqn_minatar, args, env, env_params)
     sample_batch = functools.partial(sr.sample_batch, batch_size=args.batch_size,
-                                     max_n=sr.max_n(args), codec=codec)
-    update_step = sr.make_update_step(args, env, env_params, network, optimizer, buffer, codec)
-    init = functools.partial(sr.init_runner, env=env, env_params=env_params, network=network,
-                             optimizer=optimizer, buffer=buffer, num_envs=args.num_envs,
-                             codec=codec)
+                                     max_n=sr.max_n(args), codec=b.codec)
     total = sr.total_gradient_steps(args)
-
-    def rollout(runner):
-        def chunk(runner, _):
-            runner, (transitions, _, _) = sr.collect_transitions(
-                runner, env, env_params, network, steps_per_chunk, epsilon_at, codec,
-                args.act_with_target)
-            return runner, checksum(transitions)
-        return jax.lax.scan(chunk, runner, None, length=num_chunks)
-
-    def buffer_add(runner):
-        transitions = jax.tree.map(lambda x: x[:, :steps_per_chunk],
-                                   runner.buffer_state.experience)
-        def chunk(buffer_state, _):
-            return buffer.add(buffer_state, transitions), None
-        return jax.lax.scan(chunk, runner.buffer_state, None, length=num_chunks)[0]
 
     def sample(runner):
         def chunk(_, key):  # a chunk's batches at once, each with its n and gamma, as the step does
-            keys = jax.random.split(key, updates_per_chunk)
+            keys = jax.random.split(key, b.updates_per_chunk)
             n, gamma = sr.n_and_gamma(args, runner.train_state.since_reset
-                                      + jnp.arange(updates_per_chunk))
+                                      + jnp.arange(b.updates_per_chunk))
             batches = jax.vmap(sample_batch, in_axes=(None, 0, 0, 0))(runner.buffer_state, keys,
                                                                       n, gamma)
             return None, checksum(batches)
-        return jax.lax.scan(chunk, None, jax.random.split(runner.key, num_chunks))[1]
+        return jax.lax.scan(chunk, None, jax.random.split(runner.key, b.num_chunks))[1]
 
     def gradient(runner):
         n, gamma = sr.n_and_gamma(args, runner.train_state.since_reset)
         mb = sample_batch(runner.buffer_state, runner.key, n, gamma)
 
         def one(train_state, _):
-            return sr.gradient_step(train_state, mb, network, optimizer, args.loss,
+            return sr.gradient_step(train_state, mb, b.network, b.optimizer, args.loss,
                                     args.tau)[0], None
-        return jax.lax.scan(one, runner.train_state, None, length=num_updates)[0]
+        return jax.lax.scan(one, runner.train_state, None, length=b.num_updates)[0]
 
     def reset(runner):
-        fresh = sr.fresh_networks(runner.key, network, runner.obs)
+        fresh = sr.fresh_networks(runner.key, b.network, runner.obs)
 
         def chunk(train_state, _):  # the gradient-step clock as the chunks move it
             before = train_state.steps
-            train_state = train_state._replace(steps=before + updates_per_chunk)
+            train_state = train_state._replace(steps=before + b.updates_per_chunk)
             return jax.lax.cond(sr.reset_due(before, train_state.steps, args.reset_period, total),
-                                lambda: sr.reset(train_state, fresh, optimizer, args.shrink),
+                                lambda: sr.reset(train_state, fresh, b.optimizer, args.shrink),
                                 lambda: train_state), None
-        return jax.lax.scan(chunk, runner.train_state, None, length=num_chunks)[0]
+        return jax.lax.scan(chunk, runner.train_state, None, length=b.num_chunks)[0]
 
-    return init, update_step, {"rollout": rollout, "buffer_add": buffer_add, "sample": sample,
-                               "gradient": gradient, "reset": reset}
+    return b.init, b.update_step, {"rollout": b.rollout, "buffer_add": b.buffer_add,
+                                   "sample": sample, "gradient": gradient, "reset": reset}
 
 
 PARTS = {"dqn_minatar": dqn_parts, "sr_dqn_minatar": sr_dqn_parts}
