@@ -208,10 +208,10 @@ class SeedsResult(NamedTuple):
     # training chunk's program compiles), that program (compiled), the evaluation's (compiled;
     # on a GPU or TPU while the seeds train)
     compile_parts: dict | None = None
-    # with both_policies, the other policy's (seeds,) returns: gymnax's and MinAtar's protocol
-    other_returns: np.ndarray | None = None
     # of train_seconds, this process's writing of the checkpoint after each chunk
     checkpoint_seconds: float = 0.0
+    # with both_policies, the other policy's (seeds,) returns: gymnax's and MinAtar's protocol
+    other_returns: np.ndarray | None = None
     other_returns_minatar: np.ndarray | None = None
     other_bound_hits: np.ndarray | None = None
     # chunks the run took from its checkpoint (0: it trained whole in this process)
