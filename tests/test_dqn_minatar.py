@@ -590,8 +590,7 @@ def test_the_training_state_survives_a_checkpoint_bit_for_bit(tmp_path):
     for _ in range(3):
         runner, _ = step(runner)
     path = os.path.join(tmp_path, "state.safetensors")
-    with open(path, "wb") as f:
-        f.write(checkpoint.state_bytes({"state": runner}, {}))
+    checkpoint.write_state(path, {"state": runner}, {})
     tensors, header = read_safetensors(path, "--resume")
     assert "state.buffer_state.experience.next_obs" in tensors
     restored = checkpoint.restore(path, tensors, header, "state", runner)

@@ -19,7 +19,7 @@ def test_a_state_with_a_typed_key_round_trips_bit_for_bit(tmp_path):
     state = {"key": jax.random.split(jax.random.key(3), 4), "flags": np.array([True, False]),
              "x": np.arange(6, dtype=np.float32).reshape(2, 3)}
     path = str(tmp_path / "state.safetensors")
-    files.write_atomically(path, checkpoint.state_bytes({"state": state}, {}))
+    checkpoint.write_state(path, {"state": state}, {})
     tensors, header = files.read_safetensors(path, "")
     restored = checkpoint.restore(path, tensors, header, "state", state)
     np.testing.assert_array_equal(jax.random.key_data(restored["key"]),
@@ -35,14 +35,14 @@ def test_a_state_with_a_typed_key_round_trips_bit_for_bit(tmp_path):
 def test_a_column_major_array_is_written_in_its_own_order(tmp_path):
     # A TPU hands some arrays to the host in column-major order (a (256, 3) weight matrix): their
     # values are right, but safetensors writes memory as it lies, so they came back transposed.
-    # state_tensors is also what the background writer and tools/restore_probe.py write.
+    # write_state is what the background writer, the harness and tools/restore_probe.py write.
     x = np.arange(12, dtype=np.float32).reshape(4, 3)
     cube = np.arange(24, dtype=np.uint8).reshape(2, 3, 4)
     state = {"w": np.asfortranarray(x), "cube": cube.transpose(2, 1, 0).copy().transpose(2, 1, 0),
              "count": np.int32(7)}  # and a scalar stays one
     assert not state["w"].flags.c_contiguous and not state["cube"].flags.c_contiguous
     path = str(tmp_path / "state.safetensors")
-    files.write_atomically(path, checkpoint.state_bytes({"state": state}, {}))
+    checkpoint.write_state(path, {"state": state}, {})
     tensors, header = files.read_safetensors(path, "")
     restored = checkpoint.restore(path, tensors, header, "state", state)
     np.testing.assert_array_equal(restored["w"], x)

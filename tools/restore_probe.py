@@ -201,7 +201,7 @@ def main() -> None:
             # As a checkpoint is written and read: the file's bytes, not the host's arrays.
             with tempfile.TemporaryDirectory() as work:
                 path = os.path.join(work, "state.safetensors")
-                files.write_atomically(path, checkpoint.state_bytes({"runner": state}, {}))
+                checkpoint.write_state(path, {"runner": state}, {})
                 from_file = jax.device_put(checkpoint.restore(
                     path, *files.read_safetensors(path, "probe"), "runner", like), None)
             step_again = compile_step()

@@ -341,8 +341,8 @@ def save_chunks(path: str, identity: dict, runners, num_seeds: int,
     header = {name: json.dumps(value) for name, value in identity.items()}
     header["chunks_done"] = json.dumps(len(return_sums))
     header["train_seconds"] = json.dumps(train_seconds)
-    files.write_atomically(path, checkpoint.state_bytes(
-        {"runners": jax.tree.map(lambda x: x[:num_seeds], runners), "results": results}, header))
+    checkpoint.write_state(path, {"runners": jax.tree.map(lambda x: x[:num_seeds], runners),
+                                  "results": results}, header)
 
 
 def restore_chunks(path: str, tensors: dict, header: dict, runners, num_seeds: int,
