@@ -73,27 +73,6 @@ def checksum(tree) -> jax.Array:
     return sum(jnp.sum(jnp.asarray(x, jnp.float32)) for x in jax.tree.leaves(tree))
 
 
-def rollout_part(collect, num_chunks: int):
-    """The iteration's environment steps: collect(runner), a chunk's, num_chunks times."""
-    def rollout(runner):
-        def chunk(runner, _):
-            runner, (transitions, _, _) = collect(runner)
-            return runner, checksum(transitions)
-        return jax.lax.scan(chunk, runner, None, length=num_chunks)
-    return rollout
-
-
-def buffer_add_part(buffer, steps_per_chunk: int, num_chunks: int):
-    """Writing each chunk's transitions into the replay buffer, num_chunks times."""
-    def buffer_add(runner):
-        transitions = jax.tree.map(lambda x: x[:, :steps_per_chunk],
-                                   runner.buffer_state.experience)
-        def chunk(buffer_state, _):
-            return buffer.add(buffer_state, transitions), None
-        return jax.lax.scan(chunk, runner.buffer_state, None, length=num_chunks)[0]
-    return buffer_add
-
-
 def built(script, args, env, env_params) -> types.SimpleNamespace:
     """What both scripts build alike (the same names in each): the network, optimizer, buffer and
     codec, the interleaving, the epsilon schedule, the update step and the initial state, and the
@@ -113,10 +92,23 @@ def built(script, args, env, env_params) -> types.SimpleNamespace:
                                num_envs=args.num_envs, codec=b.codec)
     # sr_dqn_minatar acts with the network --act-with-target names; dqn_minatar with the online one
     acting = (args.act_with_target,) if hasattr(args, "act_with_target") else ()
-    b.rollout = rollout_part(lambda runner: script.collect_transitions(
-        runner, env, env_params, b.network, b.steps_per_chunk, b.epsilon_at, b.codec, *acting),
-        b.num_chunks)
-    b.buffer_add = buffer_add_part(b.buffer, b.steps_per_chunk, b.num_chunks)
+
+    def rollout(runner):  # the iteration's environment steps
+        def chunk(runner, _):
+            runner, (transitions, _, _) = script.collect_transitions(
+                runner, env, env_params, b.network, b.steps_per_chunk, b.epsilon_at, b.codec,
+                *acting)
+            return runner, checksum(transitions)
+        return jax.lax.scan(chunk, runner, None, length=b.num_chunks)
+
+    def buffer_add(runner):  # each chunk's transitions written into the buffer
+        transitions = jax.tree.map(lambda x: x[:, :b.steps_per_chunk],
+                                   runner.buffer_state.experience)
+        def chunk(buffer_state, _):
+            return b.buffer.add(buffer_state, transitions), None
+        return jax.lax.scan(chunk, runner.buffer_state, None, length=b.num_chunks)[0]
+
+    b.rollout, b.buffer_add = rollout, buffer_add
     return b
 
 
