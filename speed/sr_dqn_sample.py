@@ -1,0 +1,140 @@
+"""What drawing sr_dqn_minatar.py's batches costs on the device JAX has, whole and by part, for N
+seeds side by side (vmap, as the harness trains them): a chunk's batches at once, an iteration's
+chunks in one `lax.scan`, from a full buffer of random transitions laid out as the script's.
+
+Variants:
+- `script`: sr_dqn_minatar.sample_batch as it is (each gradient step's n and gamma);
+- `indices`: only the windows' rows and slots (window_indices);
+- `observations`: only the observation and action gathers, where a window starts and three steps
+  on, unpacked;
+- `windows`: only the windows' rewards and episode ends, as the script reads them (two slices of
+  max_n per field, `window_steps`), and their n-step returns;
+- `windows_gathered`: the same, read as max_n single-slot gathers per field;
+- `windows_time_major`: the same, read from the fields transposed to (time, rows), whose
+  windows are slices along the leading axis (the transposes timed too, once a chunk; a window
+  that wraps is clamped to the row's end: a timing, not the script's numbers).
+
+Each figure is the median of --repeats runs after one that compiles, in microseconds per batch
+drawn, all N seeds together.
+
+Run:  python speed/sr_dqn_sample.py --seeds 1 8 --out sample.json
+"""
+
+import dataclasses
+import functools
+import os
+import shlex
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import tyro  # noqa: E402
+
+import sr_dqn_minatar as sr  # noqa: E402
+from speed.dqn_profile import checksum  # noqa: E402
+from speed.dqn_step_variants import full_buffer, time_program  # noqa: E402
+from tools import common  # noqa: E402
+from utils import contract, training  # noqa: E402
+from utils.env import make_env  # noqa: E402
+
+VARIANTS = ("script", "indices", "observations", "windows", "windows_gathered",
+            "windows_time_major")
+
+
+@dataclasses.dataclass
+class Args:
+    script_args: str = ""
+    """sr_dqn_minatar.py's flags, as one string (its defaults otherwise)"""
+    seeds: tuple[int, ...] = (1,)
+    """seed counts N to time, each N seeds side by side"""
+    variants: tuple[str, ...] = VARIANTS
+    """the variants to time"""
+    repeats: int = 3
+    """timed runs of each program (after one unrecorded run), their median reported"""
+    out: str = ""
+    """write the JSON here (it is printed either way)"""
+
+
+def window_fields(stored) -> tuple[jax.Array, ...]:
+    return stored.reward, stored.terminated, stored.truncated
+
+
+def draw(variant: str, buffer_state, key, n, gamma, max_n: int, batch_size: int, codec):
+    """One batch's worth of the variant's work, as a pytree to checksum."""
+    if variant == "script":
+        return sr.sample_batch(buffer_state, key, n, gamma, batch_size, max_n, codec)
+    rows, slots = sr.window_indices(buffer_state, key, batch_size, max_n)
+    stored = buffer_state.experience
+    if variant == "indices":
+        return rows, slots
+    if variant == "observations":
+        first, stop = slots[:, 0], slots[:, 3]
+        return (codec.decode(stored.obs[rows, first]), stored.action[rows, first],
+                codec.decode(stored.next_obs[rows, stop]))
+    if variant == "windows":
+        windows = [sr.window_steps(x, rows, slots[:, 0], max_n) for x in window_fields(stored)]
+    elif variant == "windows_gathered":
+        windows = [x[rows[:, None], slots] for x in window_fields(stored)]
+    else:  # windows_time_major (not batched by the vmap over a chunk's batches: once a chunk)
+        windows = [jax.vmap(lambda row, start, x=x.T: jax.lax.dynamic_slice(x, (start, row),
+                                                                            (max_n, 1))[:, 0])(
+                       rows, jnp.minimum(slots[:, 0], x.shape[1] - max_n))
+                   for x in window_fields(stored)]
+    return jax.vmap(sr.n_step_return, in_axes=(0, 0, 0, None, None))(*windows, n, gamma)
+
+
+def main() -> None:
+    bench = tyro.cli(Args, description=__doc__.split("\n\n")[0])
+    if bench.repeats <= 0 or any(n <= 0 for n in bench.seeds):
+        common.fail("--repeats and --seeds must be positive")
+    if unknown := set(bench.variants) - set(VARIANTS):
+        common.fail(f"unknown variants {sorted(unknown)}: choose from {VARIANTS}")
+    common.check_out(bench.out)
+    args = training.parse_args(sr, [*shlex.split(bench.script_args), "--num-devices", "1"])
+    args = contract.fill_runtime_fields(sr, args)
+    env, env_params = make_env(args.env_id, args.sticky_action_prob)
+    obs_shape = env.observation_space(env_params).shape
+    codec = sr.grid_codec(obs_shape)
+    num_chunks, _, updates_per_chunk = sr.interleaving(args)
+    num_batches = num_chunks * updates_per_chunk
+    rows = []
+
+    def write(echo: bool) -> None:
+        if bench.out or echo:
+            common.write_report(common.new_report(
+                machine=common.machine(jax.devices()), script_args=bench.script_args,
+                matmul_precision=jax.config.jax_default_matmul_precision or "default",
+                batches_per_program=num_batches, batch_size=args.batch_size,
+                buffer_size=args.buffer_size, max_n=sr.max_n(args), rows=rows), bench.out, echo)
+
+    for seeds in bench.seeds:
+        keys = jax.random.split(jax.random.key(args.seed), seeds)
+        states = jax.jit(jax.vmap(lambda k: full_buffer(
+            k, args, codec, obs_shape, env.action_space(env_params).n)))(keys)
+        for variant in bench.variants:
+            one = functools.partial(draw, variant, max_n=sr.max_n(args),
+                                    batch_size=args.batch_size, codec=codec)
+
+            def draws(buffer_state, key, variant=variant, one=one):
+                def chunk(_, key):  # a chunk's batches at once, each with its n and gamma
+                    n, gamma = sr.n_and_gamma(args, jnp.arange(updates_per_chunk))
+                    batches = jax.vmap(one, in_axes=(None, 0, 0, 0))(
+                        buffer_state, jax.random.split(key, updates_per_chunk), n, gamma)
+                    return None, checksum(batches)
+                return jax.lax.scan(chunk, None, jax.random.split(key, num_chunks))[1]
+
+            seconds, compile_seconds, _ = time_program(jax.vmap(draws), (states, keys),
+                                                       bench.repeats)
+            rows.append({"variant": variant, "seeds": seeds,
+                         "us_per_batch": 1e6 * seconds / num_batches,
+                         "compile_seconds": compile_seconds})
+            print(f"seeds {seeds} {variant}: {rows[-1]['us_per_batch']:.2f} us per batch "
+                  f"(compile {compile_seconds:.1f} s)", file=sys.stderr, flush=True)
+            write(echo=False)  # after each row: a time limit that stops the run keeps what it has
+    write(echo=True)
+
+
+if __name__ == "__main__":
+    main()
