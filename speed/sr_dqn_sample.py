@@ -7,12 +7,10 @@ Variants:
 - `indices`: only the windows' rows and slots (window_indices);
 - `observations`: only the observation and action gathers, where a window starts and three steps
   on, unpacked;
-- `windows`: only the windows' rewards and episode ends, as the script reads them (two slices of
-  max_n per field, `window_steps`), and their n-step returns;
-- `windows_gathered`: the same, read as max_n single-slot gathers per field;
-- `windows_time_major`: the same, read from the fields transposed to (time, rows), whose
-  windows are slices along the leading axis (the transposes timed too, once a chunk; a window
-  that wraps is clamped to the row's end: a timing, not the script's numbers).
+- `windows`: only the windows' rewards and episode ends, as the script reads them off a CPU (two
+  blocks of steps per window, window_steps with `blocked`), and their n-step returns;
+- `windows_gathered`: the same, read as max_n single-step gathers per field, as the script reads
+  them on a CPU (and everywhere until 01fb5f3, which read two slices of max_n per field).
 
 Each figure is the median of --repeats runs after one that compiles, in microseconds per batch
 drawn, all N seeds together.
@@ -39,8 +37,7 @@ from tools import common  # noqa: E402
 from utils import contract, training  # noqa: E402
 from utils.env import make_env  # noqa: E402
 
-VARIANTS = ("script", "indices", "observations", "windows", "windows_gathered",
-            "windows_time_major")
+VARIANTS = ("script", "indices", "observations", "windows", "windows_gathered")
 
 
 @dataclasses.dataclass
@@ -57,10 +54,6 @@ class Args:
     """write the JSON here (it is printed either way)"""
 
 
-def window_fields(stored) -> tuple[jax.Array, ...]:
-    return stored.reward, stored.terminated, stored.truncated
-
-
 def draw(variant: str, buffer_state, key, n, gamma, max_n: int, batch_size: int, codec):
     """One batch's worth of the variant's work, as a pytree to checksum."""
     if variant == "script":
@@ -73,15 +66,7 @@ def draw(variant: str, buffer_state, key, n, gamma, max_n: int, batch_size: int,
         first, stop = slots[:, 0], slots[:, 3]
         return (codec.decode(stored.obs[rows, first]), stored.action[rows, first],
                 codec.decode(stored.next_obs[rows, stop]))
-    if variant == "windows":
-        windows = [sr.window_steps(x, rows, slots[:, 0], max_n) for x in window_fields(stored)]
-    elif variant == "windows_gathered":
-        windows = [x[rows[:, None], slots] for x in window_fields(stored)]
-    else:  # windows_time_major (not batched by the vmap over a chunk's batches: once a chunk)
-        windows = [jax.vmap(lambda row, start, x=x.T: jax.lax.dynamic_slice(x, (start, row),
-                                                                            (max_n, 1))[:, 0])(
-                       rows, jnp.minimum(slots[:, 0], x.shape[1] - max_n))
-                   for x in window_fields(stored)]
+    windows = sr.window_steps(stored, rows, slots, blocked=variant == "windows")
     return jax.vmap(sr.n_step_return, in_axes=(0, 0, 0, None, None))(*windows, n, gamma)
 
 

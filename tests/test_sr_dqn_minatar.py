@@ -52,12 +52,14 @@ def test_the_annealed_window_uses_its_first_n_steps_and_stops_at_an_episode_end(
         assert int(got[2]) == want[2]
 
 
+@pytest.mark.parametrize("backend", ["cpu", "tpu"])  # window_steps' two forms
 @pytest.mark.parametrize("num_steps", [10, 13, 40])  # barely sampleable, part-filled, wrapped
 @pytest.mark.parametrize("n", [3, 10])
-def test_the_batches_are_flashbaxs_windows_cut_to_this_steps_n(num_steps, n):
+def test_the_batches_are_flashbaxs_windows_cut_to_this_steps_n(num_steps, n, backend, monkeypatch):
     # sample_batch draws the windows of the longest n (10) as flashbax's sample does, key for key,
     # and gathers only what the target reads: the first n steps' return, cut at an episode end,
     # and the next_obs of the step it stops at.
+    monkeypatch.setattr(sr.jax, "default_backend", lambda: backend)
     args = sr.Args(num_envs=3, buffer_size=48, batch_size=256)
     buffer = sr.make_buffer(args)
     history = random_history(sr.Transition, 3, num_steps, seed=num_steps)
@@ -83,17 +85,26 @@ def test_the_batches_are_flashbaxs_windows_cut_to_this_steps_n(num_steps, n):
         assert len(set(np.asarray(batch.obs[:, 0]).tolist())) == 3 * (kept - 9)
 
 
-@pytest.mark.parametrize("n", [1, 3, 10, 16])
-def test_a_windows_slices_are_its_steps_wrapping_around_the_rows_end(n):
-    # window_steps takes two slices per window; it must give each step exactly as indexing does,
-    # from every start of every row, the windows that wrap around the row's end included.
-    x = jax.random.normal(jax.random.key(n), (3, 16))
-    rows, starts = (jnp.array(a).ravel() for a in np.meshgrid(np.arange(3), np.arange(16)))
-    slots = (starts[:, None] + jnp.arange(n)) % 16
-    np.testing.assert_array_equal(sr.window_steps(x, rows, starts, n), x[rows[:, None], slots])
-    flags = x > 0  # the episode ends are booleans
-    np.testing.assert_array_equal(sr.window_steps(flags, rows, starts, n),
-                                  flags[rows[:, None], slots])
+@pytest.mark.parametrize("blocked", [True, False])  # a TPU's form, a CPU's
+@pytest.mark.parametrize("length", [10, 40, 70])  # blocks shorter than a row, and longer
+@pytest.mark.parametrize("n", [1, 3, 10, 33])
+def test_a_windows_steps_are_its_rows_wrapping_around_the_rows_end(n, length, blocked):
+    # window_steps reads each window out of two blocks of steps, or step by step; either must give
+    # each step exactly as indexing does, from every start of every row, the windows that wrap
+    # around the row's end included, with the episode ends as booleans.
+    if n > length:
+        return
+    key = jax.random.key(n)
+    stored = sr.Transition(obs=None, action=None, next_obs=None,
+                           reward=jax.random.normal(key, (3, length)),
+                           terminated=jax.random.bernoulli(key, 0.3, (3, length)),
+                           truncated=jax.random.bernoulli(jax.random.key(length), 0.3, (3, length)))
+    rows, starts = (jnp.array(a).ravel() for a in np.meshgrid(np.arange(3), np.arange(length)))
+    slots = (starts[:, None] + jnp.arange(n)) % length
+    got = sr.window_steps(stored, rows, slots, blocked)
+    for got_field, field in zip(got, (stored.reward, stored.terminated, stored.truncated)):
+        assert got_field.dtype == field.dtype
+        np.testing.assert_array_equal(got_field, field[rows[:, None], slots])
 
 
 def tiny_state(seed=0):
