@@ -404,16 +404,22 @@ def window_indices(buffer_state, key: jax.Array, batch_size: int, n: int
 
 
 def window_blocks(stored, n: int) -> jax.Array:
-    """Each row's rewards, terminated and truncated steps side by side as float32, (rows, length,
-    3), cut into blocks of a multiple of 32 steps >= n, (rows, blocks, steps x 3), the row's first
-    steps repeated after its end so that a window that wraps reads on."""
-    steps = jnp.stack([stored.reward, stored.terminated.astype(stored.reward.dtype),
-                       stored.truncated.astype(stored.reward.dtype)], axis=-1)
-    rows, length, _ = steps.shape
+    """Each row's rewards, terminated and truncated steps as float32, cut into blocks of a multiple
+    of 32 steps >= n, the three fields' side by side in a block: (rows, blocks, 3 x steps). The
+    row's first steps are repeated after its end, so that a window that wraps reads on. The steps
+    stay the last axis throughout (a TPU pads an array's last axis to 128: a last axis of the three
+    fields would take 42 times their memory)."""
+    rows, length = stored.reward.shape
     size = 32 * -(-n // 32)
     num_blocks = length // size + 2
-    steps = jnp.concatenate([steps] * -(-num_blocks * size // length), axis=1)
-    return steps[:, :num_blocks * size].reshape(rows, num_blocks, size * 3)
+    repeats = -(-num_blocks * size // length)
+
+    def blocks(x: jax.Array) -> jax.Array:  # (rows, length) -> (rows, blocks, size)
+        x = jnp.concatenate([x.astype(stored.reward.dtype)] * repeats, axis=1)
+        return x[:, :num_blocks * size].reshape(rows, num_blocks, size)
+
+    fields = (stored.reward, stored.terminated, stored.truncated)
+    return jnp.concatenate([blocks(x) for x in fields], axis=2)
 
 
 def window_steps(stored, rows: jax.Array, slots: jax.Array, blocked: bool
@@ -429,11 +435,12 @@ def window_steps(stored, rows: jax.Array, slots: jax.Array, blocked: bool
     n, starts = slots.shape[1], slots[:, 0]
     blocks = window_blocks(stored, n)  # under a vmap over a chunk's batches: once for them all
     size = blocks.shape[2] // 3
-    two = blocks[rows[:, None], starts[:, None] // size + jnp.arange(2)]  # (batch, 2, size x 3)
-    two = two.reshape(len(rows), 2 * size, 3)
+    two = blocks[rows[:, None], starts[:, None] // size + jnp.arange(2)]  # (batch, 2, 3 x size)
+    two = two.reshape(len(rows), 2, 3, size).transpose(0, 2, 1, 3).reshape(len(rows), 3, 2 * size)
     picked = jnp.arange(2 * size) == (starts[:, None] % size + jnp.arange(n))[..., None]
-    window = jnp.where(picked[..., None], two[:, None], 0).sum(axis=2)  # (batch, n, 3)
-    return window[..., 0], window[..., 1] > 0, window[..., 2] > 0
+    reward, terminated, truncated = (  # each (batch, n)
+        jnp.where(picked, two[:, f, None], 0).sum(axis=2) for f in range(3))
+    return reward, terminated > 0, truncated > 0
 
 
 def sample_batch(buffer_state, key: jax.Array, n: jax.Array, gamma: jax.Array, batch_size: int,
