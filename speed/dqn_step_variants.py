@@ -138,6 +138,27 @@ def flashbax_sample(buffer_state, key, buffer, args, codec) -> dqn.Batch:
                      reward=reward, discount=discount, next_obs=codec.decode(next_obs))
 
 
+def script_setup(script, script_args: str) -> tuple:
+    """The script's args (its flags as one string, one device), environment and its parameters,
+    and observation codec."""
+    args = training.parse_args(script, [*shlex.split(script_args), "--num-devices", "1"])
+    args = contract.fill_runtime_fields(script, args)
+    env, env_params = make_env(args.env_id, args.sticky_action_prob)
+    return args, env, env_params, script.grid_codec(env.observation_space(env_params).shape)
+
+
+def report_writer(bench, rows: list, **fields):
+    """write(echo): the report of `rows` so far (the machine, the script's flags, the products'
+    precision and `fields` before them) to bench.out, and to stdout where `echo`."""
+    def write(echo: bool) -> None:
+        if bench.out or echo:
+            common.write_report(common.new_report(
+                machine=common.machine(jax.devices()), script_args=bench.script_args,
+                matmul_precision=jax.config.jax_default_matmul_precision or "default",
+                **fields, rows=rows), bench.out, echo)
+    return write
+
+
 def time_program(fn, inputs, repeats: int) -> tuple[float, float, str]:
     """(seconds of one run, median over `repeats`; seconds of the first call, its compile; the
     optimized HLO)."""
@@ -184,23 +205,14 @@ def main() -> None:
     common.check_out(bench.out)
     if bench.hlo_dir and not os.path.isdir(bench.hlo_dir):
         common.fail(f"--hlo-dir {bench.hlo_dir}: no such directory")
-    args = training.parse_args(dqn, [*shlex.split(bench.script_args), "--num-devices", "1"])
-    args = contract.fill_runtime_fields(dqn, args)
-    env, env_params = make_env(args.env_id, args.sticky_action_prob)
+    args, env, env_params, codec = script_setup(dqn, bench.script_args)
     num_actions = env.action_space(env_params).n
     obs_shape = env.observation_space(env_params).shape
-    codec = dqn.grid_codec(obs_shape)
     buffer = dqn.make_buffer(args)
     num_chunks, _, updates_per_chunk = dqn.interleaving(args)
     num_updates = num_chunks * updates_per_chunk
     rows = []
-
-    def write(echo: bool) -> None:
-        if bench.out or echo:
-            common.write_report(common.new_report(
-                machine=common.machine(jax.devices()), script_args=bench.script_args,
-                matmul_precision=jax.config.jax_default_matmul_precision or "default",
-                gradient_steps_per_program=num_updates, rows=rows), bench.out, echo)
+    write = report_writer(bench, rows, gradient_steps_per_program=num_updates)
 
     def record(part, variant, n, seconds, compile_seconds, hlo):
         row = {"part": part, "variant": variant, "seeds": n,

@@ -21,7 +21,6 @@ Run:  python speed/sr_dqn_sample.py --seeds 1 8 --out sample.json
 import dataclasses
 import functools
 import os
-import shlex
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,10 +31,8 @@ import tyro  # noqa: E402
 
 import sr_dqn_minatar as sr  # noqa: E402
 from speed.dqn_profile import checksum  # noqa: E402
-from speed.dqn_step_variants import full_buffer, time_program  # noqa: E402
+from speed.dqn_step_variants import full_buffer, report_writer, script_setup, time_program  # noqa: E402
 from tools import common  # noqa: E402
-from utils import contract, training  # noqa: E402
-from utils.env import make_env  # noqa: E402
 
 VARIANTS = ("script", "indices", "observations", "windows", "windows_gathered")
 
@@ -77,22 +74,14 @@ def main() -> None:
     if unknown := set(bench.variants) - set(VARIANTS):
         common.fail(f"unknown variants {sorted(unknown)}: choose from {VARIANTS}")
     common.check_out(bench.out)
-    args = training.parse_args(sr, [*shlex.split(bench.script_args), "--num-devices", "1"])
-    args = contract.fill_runtime_fields(sr, args)
-    env, env_params = make_env(args.env_id, args.sticky_action_prob)
+    args, env, env_params, codec = script_setup(sr, bench.script_args)
     obs_shape = env.observation_space(env_params).shape
-    codec = sr.grid_codec(obs_shape)
     num_chunks, _, updates_per_chunk = sr.interleaving(args)
     num_batches = num_chunks * updates_per_chunk
     rows = []
-
-    def write(echo: bool) -> None:
-        if bench.out or echo:
-            common.write_report(common.new_report(
-                machine=common.machine(jax.devices()), script_args=bench.script_args,
-                matmul_precision=jax.config.jax_default_matmul_precision or "default",
-                batches_per_program=num_batches, batch_size=args.batch_size,
-                buffer_size=args.buffer_size, max_n=sr.max_n(args), rows=rows), bench.out, echo)
+    write = report_writer(bench, rows, batches_per_program=num_batches,
+                          batch_size=args.batch_size, buffer_size=args.buffer_size,
+                          max_n=sr.max_n(args))
 
     for seeds in bench.seeds:
         keys = jax.random.split(jax.random.key(args.seed), seeds)
