@@ -7,8 +7,9 @@ Variants:
 - `indices`: only the windows' rows and slots (window_indices);
 - `observations`: only the observation and action gathers, where a window starts and three steps
   on, unpacked;
-- `windows`: only the windows' rewards and episode ends, as the script reads them off a CPU (two
-  blocks of steps per window, window_steps with `blocked`), and their n-step returns;
+- `windows`: only the windows' rewards and episode ends, as the script reads them on an
+  accelerator (two blocks of steps per window, window_steps with `blocked`), and their n-step
+  returns;
 - `windows_gathered`: the same, read as max_n single-step gathers per field, as the script reads
   them on a CPU (and everywhere until 01fb5f3, which read two slices of max_n per field).
 
