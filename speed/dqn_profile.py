@@ -15,6 +15,10 @@ The parts, with the script's default settings (or --script-args) on a state past
   (seeds side by side compute the reset in every chunk and keep it where one is due).
 Each part's time is the median of --repeats runs, in milliseconds per iteration; `sum_over_whole`
 says how much of the whole step the parts account for (the rest: what XLA fuses across them).
+A part alone can cost another time than inside the step, so --without (sr_dqn_minatar) also
+times the whole step with a part taken out: `sample` (every batch one of zeros, nothing read
+from the buffer), `gradient` (the clock moves, the networks stay; the batches still drawn) or
+`reset` (never reset); whole_ms minus `without_<part>_ms` is that part's share in place.
 
 Run:  python speed/dqn_profile.py --seeds 1 8 --out profile.json
       python speed/dqn_profile.py --script sr_dqn_minatar --seeds 1 8 --out profile.json
@@ -29,6 +33,7 @@ import sys
 import time
 import types
 from typing import Literal
+from unittest import mock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -53,6 +58,8 @@ class Args:
     """seed counts N to profile, each N seeds side by side"""
     repeats: int = 5
     """timed runs of each program (after one unrecorded run), their median reported"""
+    without: tuple[Literal["sample", "gradient", "reset"], ...] = ()
+    """(sr_dqn_minatar) also time the whole step with each of these parts taken out"""
     out: str = ""
     """write the JSON here (it is printed either way)"""
 
@@ -189,10 +196,42 @@ def sr_dqn_parts(args, env, env_params):
 PARTS = {"dqn_minatar": dqn_parts, "sr_dqn_minatar": sr_dqn_parts}
 
 
+def no_sample(buffer_state, key, n, gamma, batch_size, max_n, codec) -> sr_dqn_minatar.Batch:
+    """sr_dqn_minatar.sample_batch with nothing drawn: a batch of zeros, its discount gamma^n."""
+    packed = jnp.zeros((batch_size, buffer_state.experience.obs.shape[-1]), jnp.uint8)
+    zeros = jnp.zeros(batch_size)
+    return sr_dqn_minatar.Batch(obs=codec.decode(packed), action=zeros.astype(jnp.int32),
+                                reward=zeros, discount=zeros + gamma ** n,
+                                next_obs=codec.decode(packed))
+
+
+def no_gradient(train_state, mb, network, optimizer, loss, tau):
+    """sr_dqn_minatar.gradient_step with no step taken but the clock's; the batch kept alive in
+    the loss terms."""
+    kept = checksum(mb)
+    return train_state._replace(steps=train_state.steps + 1,
+                                since_reset=train_state.since_reset + 1), {"td_loss": kept,
+                                                                           "q_values": kept}
+
+
+WITHOUT = {"sample": ("sample_batch", no_sample), "gradient": ("gradient_step", no_gradient),
+           "reset": ("reset", lambda train_state, fresh, optimizer, shrink: train_state)}
+
+
+def step_without(part: str, args, env, env_params, states):
+    """sr_dqn_minatar's update step for N seeds side by side, compiled with `part` taken out."""
+    name, stand_in = WITHOUT[part]
+    with mock.patch.object(sr_dqn_minatar, name, stand_in):  # in force while the step is traced
+        b = built(sr_dqn_minatar, args, env, env_params)
+        return jax.jit(jax.vmap(b.update_step)).lower(states).compile()
+
+
 def main() -> None:
     bench = tyro.cli(Args, description=__doc__.split("\n\n")[0])
     if bench.repeats <= 0 or any(n <= 0 for n in bench.seeds):
         common.fail("--repeats and --seeds must be positive")
+    if bench.without and bench.script != "sr_dqn_minatar":
+        common.fail("--without takes parts out of sr_dqn_minatar's step only")
     common.check_out(bench.out)
     script = {"dqn_minatar": dqn_minatar, "sr_dqn_minatar": sr_dqn_minatar}[bench.script]
     args = training.parse_args(script, [*shlex.split(bench.script_args), "--num-devices", "1"])
@@ -225,6 +264,9 @@ def main() -> None:
         for name, fn in programs.items():
             row[f"{name}_ms"] = 1e3 * timed(vmapped(fn), states, repeats=bench.repeats)
         row["sum_over_whole"] = sum(row[f"{name}_ms"] for name in programs) / row["whole_ms"]
+        for part in bench.without:
+            row[f"without_{part}_ms"] = 1e3 * timed(
+                step_without(part, args, env, env_params, states), states, repeats=bench.repeats)
         print(" | ".join(f"{k} {v:,.3g}" for k, v in row.items()), file=sys.stderr, flush=True)
         rows.append(row)
         write(echo=False)  # after each row: a time limit that stops the run keeps what it measured
