@@ -405,14 +405,14 @@ def window_indices(buffer_state, key: jax.Array, batch_size: int, n: int
 
 def window_blocks(stored, n: int) -> jax.Array:
     """Each row's rewards, terminated and truncated steps as float32, cut into blocks of a multiple
-    of 32 steps >= n, the three fields' side by side in a block: (rows, blocks, 3 x steps). The
+    of 32 steps >= n, the three fields side by side in a block: (rows, blocks, 3 x steps). The
     row's first steps are repeated after its end, so that a window that wraps reads on. The steps
     stay the last axis throughout (a TPU pads an array's last axis to 128: a last axis of the three
     fields would take 42 times their memory)."""
     rows, length = stored.reward.shape
-    size = 32 * -(-n // 32)
-    num_blocks = length // size + 2
-    repeats = -(-num_blocks * size // length)
+    size = 32 * -(-n // 32)  # n rounded up to a multiple of 32
+    num_blocks = length // size + 2  # the last window's second block lies past the row's end
+    repeats = -(-num_blocks * size // length)  # copies of the row that fill the blocks
 
     def blocks(x: jax.Array) -> jax.Array:  # (rows, length) -> (rows, blocks, size)
         x = jnp.concatenate([x.astype(stored.reward.dtype)] * repeats, axis=1)
