@@ -80,6 +80,27 @@ def checksum(tree) -> jax.Array:
     return sum(jnp.sum(jnp.asarray(x, jnp.float32)) for x in jax.tree.leaves(tree))
 
 
+def script_setup(script, script_args: str) -> tuple:
+    """The script's args (its flags as one string, one device), environment and its parameters,
+    and observation codec."""
+    args = training.parse_args(script, [*shlex.split(script_args), "--num-devices", "1"])
+    args = contract.fill_runtime_fields(script, args)
+    env, env_params = make_env(args.env_id, args.sticky_action_prob)
+    return args, env, env_params, script.grid_codec(env.observation_space(env_params).shape)
+
+
+def report_writer(bench, rows: list, **fields):
+    """write(echo): the report of `rows` so far (the machine, the script's flags, the products'
+    precision and `fields` before them) to bench.out, and to stdout where `echo`."""
+    def write(echo: bool) -> None:
+        if bench.out or echo:
+            common.write_report(common.new_report(
+                machine=common.machine(jax.devices()), script_args=bench.script_args,
+                matmul_precision=jax.config.jax_default_matmul_precision or "default",
+                **fields, rows=rows), bench.out, echo)
+    return write
+
+
 def built(script, args, env, env_params) -> types.SimpleNamespace:
     """What both scripts build alike (the same names in each): the network, optimizer, buffer and
     codec, the interleaving, the epsilon schedule, the update step and the initial state, and the
@@ -234,9 +255,7 @@ def main() -> None:
         common.fail("--without takes parts out of sr_dqn_minatar's step only")
     common.check_out(bench.out)
     script = {"dqn_minatar": dqn_minatar, "sr_dqn_minatar": sr_dqn_minatar}[bench.script]
-    args = training.parse_args(script, [*shlex.split(bench.script_args), "--num-devices", "1"])
-    args = contract.fill_runtime_fields(script, args)
-    env, env_params = make_env(args.env_id, args.sticky_action_prob)
+    args, env, env_params, _ = script_setup(script, bench.script_args)
     init, update_step, programs = PARTS[bench.script](args, env, env_params)
     # A state past the warm-up, its buffer part-filled: what most of a run's iterations start from.
     step = jax.jit(update_step, donate_argnums=0)
@@ -244,16 +263,10 @@ def main() -> None:
     while int(state.env_steps) < 2 * args.learning_starts:
         state, _ = step(state)
     rows = []
-
-    def write(echo: bool) -> None:
-        if bench.out or echo:
-            common.write_report(common.new_report(
-                machine=common.machine(jax.devices()), script=bench.script,
-                script_args=bench.script_args,
-                matmul_precision=jax.config.jax_default_matmul_precision or "default",
-                steps_per_iteration=args.steps_per_iteration,
-                interleaving=dict(zip(("chunks", "steps_per_chunk", "updates_per_chunk"),
-                                      script.interleaving(args))), rows=rows), bench.out, echo)
+    write = report_writer(bench, rows, script=bench.script,
+                          steps_per_iteration=args.steps_per_iteration,
+                          interleaving=dict(zip(("chunks", "steps_per_chunk", "updates_per_chunk"),
+                                                script.interleaving(args))))
 
     for n in bench.seeds:
         states = jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *x.shape)), state)

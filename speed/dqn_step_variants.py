@@ -35,7 +35,6 @@ import functools
 import gzip
 import os
 import re
-import shlex
 import sys
 import time
 from unittest import mock
@@ -49,10 +48,8 @@ import tyro  # noqa: E402
 from flashbax.buffers.trajectory_buffer import TrajectoryBufferState  # noqa: E402
 
 import dqn_minatar as dqn  # noqa: E402
-from speed.dqn_profile import timed  # noqa: E402
+from speed.dqn_profile import report_writer, script_setup, timed  # noqa: E402
 from tools import common  # noqa: E402
-from utils import contract, training  # noqa: E402
-from utils.env import make_env  # noqa: E402
 
 GRADIENT_VARIANTS = ("script", "matmul_conv", "xla_conv", "one_online_pass", "two_online_passes",
                      "sgd", "precision_default", "precision_high")
@@ -136,27 +133,6 @@ def flashbax_sample(buffer_state, key, buffer, args, codec) -> dqn.Batch:
     next_obs = windows.next_obs[jnp.arange(args.batch_size), last]
     return dqn.Batch(obs=codec.decode(windows.obs[:, 0]), action=windows.action[:, 0],
                      reward=reward, discount=discount, next_obs=codec.decode(next_obs))
-
-
-def script_setup(script, script_args: str) -> tuple:
-    """The script's args (its flags as one string, one device), environment and its parameters,
-    and observation codec."""
-    args = training.parse_args(script, [*shlex.split(script_args), "--num-devices", "1"])
-    args = contract.fill_runtime_fields(script, args)
-    env, env_params = make_env(args.env_id, args.sticky_action_prob)
-    return args, env, env_params, script.grid_codec(env.observation_space(env_params).shape)
-
-
-def report_writer(bench, rows: list, **fields):
-    """write(echo): the report of `rows` so far (the machine, the script's flags, the products'
-    precision and `fields` before them) to bench.out, and to stdout where `echo`."""
-    def write(echo: bool) -> None:
-        if bench.out or echo:
-            common.write_report(common.new_report(
-                machine=common.machine(jax.devices()), script_args=bench.script_args,
-                matmul_precision=jax.config.jax_default_matmul_precision or "default",
-                **fields, rows=rows), bench.out, echo)
-    return write
 
 
 def time_program(fn, inputs, repeats: int) -> tuple[float, float, str]:

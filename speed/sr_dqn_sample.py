@@ -31,8 +31,8 @@ import jax.numpy as jnp  # noqa: E402
 import tyro  # noqa: E402
 
 import sr_dqn_minatar as sr  # noqa: E402
-from speed.dqn_profile import checksum  # noqa: E402
-from speed.dqn_step_variants import full_buffer, report_writer, script_setup, time_program  # noqa: E402
+from speed.dqn_profile import checksum, report_writer, script_setup  # noqa: E402
+from speed.dqn_step_variants import full_buffer, time_program  # noqa: E402
 from tools import common  # noqa: E402
 
 VARIANTS = ("script", "indices", "observations", "windows", "windows_gathered")

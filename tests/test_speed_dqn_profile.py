@@ -11,7 +11,7 @@ import numpy as np
 import sr_dqn_minatar as sr
 from helpers import run_main
 from speed import dqn_profile
-from speed.dqn_step_variants import script_setup
+from speed.dqn_profile import script_setup
 
 TINY = ("--script-args=--total-timesteps 1536 --num-envs 16 --num-steps 32 --buffer-size 1024 "
         "--batch-size 8 --learning-starts 256 --target-update-period 256 --epsilon-decay-steps 512")

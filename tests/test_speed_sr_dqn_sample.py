@@ -11,7 +11,8 @@ import numpy as np
 import sr_dqn_minatar as sr
 from helpers import run_main
 from speed import sr_dqn_sample
-from speed.dqn_step_variants import full_buffer, script_setup
+from speed.dqn_profile import script_setup
+from speed.dqn_step_variants import full_buffer
 
 TINY = "--script-args=--num-envs 4 --num-steps 8 --buffer-size 256 --batch-size 8"
 
