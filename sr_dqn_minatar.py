@@ -34,14 +34,12 @@ if __name__ == "__main__":  # before JAX starts: its CPU devices, and a faster s
     startup.before_imports()
 
 import distrax
-import flashbax as fbx
 import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import rlax
-from flashbax.buffers.trajectory_buffer import TrajectoryBufferState
 from jax.sharding import PartitionSpec as P
 
 from utils import cli, contract, layers, startup, training
@@ -196,9 +194,24 @@ def grid_codec(shape: tuple[int, ...]) -> ObsCodec:
             *stored.shape[:-1], *shape))
 
 
+class Replay(NamedTuple):
+    """The replay buffer: the last buffer_size // num_envs steps of each environment, a row of
+    consecutive steps per environment, written and overwritten as flashbax's trajectory buffer
+    writes its rows (one slot of every row per step), but laid out as a TPU reads it fastest:
+    there a buffer written in flashbax's (envs, time, ...) fields and then gathered from is copied
+    whole into another layout every chunk, and windows of steps gather slowly one step at a time
+    (speed/sr_dqn_sample.py; docs/sr_dqn_minatar.md)."""
+    obs: jax.Array  # (envs * length, ...) o_t as ObsCodec.encode stores it, at env * length + slot
+    next_obs: jax.Array  # (envs * length, ...) o_{t+1}, likewise
+    action: jax.Array  # (envs * length,) a_t, likewise
+    blocks: jax.Array  # (envs, blocks, 3 * block) float32 rewards and episode ends (make_buffer)
+    index: jax.Array  # the slot the next step goes to in every row
+    full: jax.Array  # whether every slot holds a step
+
+
 class RunnerState(NamedTuple):
     train_state: TrainState
-    buffer_state: Any  # flashbax's TrajectoryBufferState: Transitions, (num_envs, time, ...)
+    buffer_state: Replay  # the replay buffer
     env_state: Any  # batched environment state, one entry per environment
     obs: jax.Array  # (num_envs, *obs_shape) current observation of each environment
     episode_return: jax.Array  # (num_envs,) return of each environment's episode so far
@@ -290,17 +303,61 @@ def max_n(args: Args) -> int:
     return max(args.n_step_start, args.n_step)
 
 
-def make_buffer(args: Args):
-    """Flashbax's trajectory buffer: one row of consecutive steps per environment, (num_envs,
-    buffer_size // num_envs), sampled as windows of n_step_start consecutive steps (the longest
-    n) of one row, started uniformly among those that lie wholly between the oldest step kept and
-    the write head (flashbax >= 0.1.3, PR #50). The windows thus never mix environments nor cross
-    the wrap-around; episode ends inside a window are n_step_return's to cut. window_indices draws
-    them as its `sample` does."""
-    return fbx.make_trajectory_buffer(
-        add_batch_size=args.num_envs, sample_batch_size=args.batch_size,
-        sample_sequence_length=max_n(args), period=1, min_length_time_axis=max_n(args),
-        max_length_time_axis=args.buffer_size // args.num_envs)
+class ReplayBuffer(NamedTuple):
+    """The buffer's pure functions, as flashbax names them: init(one_step) -> Replay,
+    add(replay, transitions (envs, steps, ...)) -> Replay, can_sample(replay) -> bool."""
+    init: Callable
+    add: Callable
+    can_sample: Callable
+
+
+def block_size(max_n: int) -> int:
+    """Steps in a block of Replay.blocks: the multiple of 32 that holds the longest window."""
+    return 32 * -(-max_n // 32)
+
+
+def make_buffer(args: Args) -> ReplayBuffer:
+    """The replay buffer, sampled as windows of n_step_start consecutive steps (the longest n) of
+    one row, started uniformly among those that lie wholly between the oldest step kept and the
+    write head (window_indices: flashbax's trajectory buffer's rule, >= 0.1.3, PR #50). The
+    windows thus never mix environments; episode ends inside a window are n_step_return's to cut.
+    A row's rewards and episode ends are kept in blocks of block_size steps, each field's steps
+    side by side in a block (a TPU pads an array's last axis to 128), a window read from the two
+    blocks that hold it (window_steps). Position p of a row's blocks holds its slot p % length:
+    the slots at the row's start repeat after its end, so that a window that wraps reads on."""
+    num_envs, length = args.num_envs, args.buffer_size // args.num_envs
+    size = block_size(max_n(args))
+    num_blocks = length // size + 2  # the last window's second block lies past the row's end
+    repeats = -(-num_blocks * size // length)  # the positions each slot has, the last may not be
+
+    def init(one: Transition) -> Replay:
+        rows = lambda x: jnp.zeros((num_envs * length, *x.shape), x.dtype)  # noqa: E731
+        return Replay(obs=rows(one.obs), next_obs=rows(one.next_obs), action=rows(one.action),
+                      blocks=jnp.zeros((num_envs, num_blocks, 3 * size), jnp.float32),
+                      index=jnp.zeros((), jnp.int32), full=jnp.zeros((), bool))
+
+    def add(replay: Replay, transitions: Transition) -> Replay:
+        steps = transitions.reward.shape[1]
+        slots = (replay.index + jnp.arange(steps)) % length  # (steps,)
+        rows = (jnp.arange(num_envs)[:, None] * length + slots).ravel()  # (envs * steps,)
+        flat = lambda x: x.reshape(num_envs * steps, *x.shape[2:])  # noqa: E731
+        positions = slots[:, None] + length * jnp.arange(repeats)  # (steps, repeats)
+        values = jnp.stack([transitions.reward, transitions.terminated, transitions.truncated],
+                           axis=-1).astype(jnp.float32)  # (envs, steps, 3)
+        blocks = replay.blocks.at[  # positions past the last block are dropped
+            jnp.arange(num_envs)[:, None, None, None], (positions // size)[None, :, :, None],
+            (jnp.arange(3) * size)[None, None, None, :] + (positions % size)[None, :, :, None]
+        ].set(values[:, :, None, :], mode="drop")
+        return Replay(obs=replay.obs.at[rows].set(flat(transitions.obs)),
+                      next_obs=replay.next_obs.at[rows].set(flat(transitions.next_obs)),
+                      action=replay.action.at[rows].set(flat(transitions.action)), blocks=blocks,
+                      index=(replay.index + steps) % length,
+                      full=replay.full | (replay.index + steps >= length))
+
+    def can_sample(replay: Replay) -> jax.Array:
+        return replay.full | (replay.index >= max_n(args))
+
+    return ReplayBuffer(init, add, can_sample)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -386,15 +443,16 @@ def make_optimizer(args: Args) -> optax.GradientTransformation:
                        mask=lambda params: jax.tree.map(lambda p: p.ndim > 1, params))
 
 
-def window_indices(buffer_state, key: jax.Array, batch_size: int, n: int
+def window_indices(replay: Replay, key: jax.Array, batch_size: int, n: int
                    ) -> tuple[jax.Array, jax.Array]:
     """Where `batch_size` windows of n consecutive steps lie in the buffer, drawn as flashbax's
     trajectory buffer draws them (its `sample`, with period 1): a start uniformly among those whose
     window lies wholly between the oldest step kept and the write head, and a row uniformly. The
     row of each window, (batch_size,), and its steps' slots in the row, (batch_size, n)."""
-    num_rows, row_length = buffer_state.experience.reward.shape
-    filled = jnp.where(buffer_state.is_full, row_length, buffer_state.current_index)
-    oldest = jnp.where(buffer_state.is_full, buffer_state.current_index, 0)
+    num_rows = replay.blocks.shape[0]
+    row_length = replay.action.shape[0] // num_rows
+    filled = jnp.where(replay.full, row_length, replay.index)
+    oldest = jnp.where(replay.full, replay.index, 0)
     num_starts = jnp.maximum(filled - n + 1, 0)
     key, start_key = jax.random.split(key)
     _, row_key = jax.random.split(key)
@@ -403,61 +461,43 @@ def window_indices(buffer_state, key: jax.Array, batch_size: int, n: int
     return rows, (start[:, None] + jnp.arange(n)) % row_length
 
 
-def window_blocks(stored, n: int) -> jax.Array:
-    """Each row's rewards, terminated and truncated steps as float32, cut into blocks of a multiple
-    of 32 steps >= n, the three fields side by side in a block: (rows, blocks, 3 x steps). The
-    row's first steps are repeated after its end, so that a window that wraps reads on. The steps
-    stay the last axis throughout (a TPU pads an array's last axis to 128: a last axis of the three
-    fields would take 42 times their memory)."""
-    rows, length = stored.reward.shape
-    size = 32 * -(-n // 32)  # n rounded up to a multiple of 32
-    num_blocks = length // size + 2  # the last window's second block lies past the row's end
-    repeats = -(-num_blocks * size // length)  # copies of the row that fill the blocks
-
-    def blocks(x: jax.Array) -> jax.Array:  # (rows, length) -> (rows, blocks, size)
-        x = jnp.concatenate([x.astype(stored.reward.dtype)] * repeats, axis=1)
-        return x[:, :num_blocks * size].reshape(rows, num_blocks, size)
-
-    fields = (stored.reward, stored.terminated, stored.truncated)
-    return jnp.concatenate([blocks(x) for x in fields], axis=2)
-
-
-def window_steps(stored, rows: jax.Array, slots: jax.Array, blocked: bool
+def window_steps(replay: Replay, rows: jax.Array, slots: jax.Array, blocked: bool
                  ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Each window's steps, its row's `slots` (batch, n) (consecutive, wrapping around the row's
     end): rewards, terminated and truncated, each (batch, n). A TPU gathers index by index, so
-    there (`blocked`) the two blocks of window_blocks that hold a window are gathered and its
-    steps picked out of them by a mask (exact: a value plus zeros); a CPU gathers the 3n single
-    steps faster (speed/sr_dqn_sample.py; docs/sr_dqn_minatar.md)."""
-    fields = (stored.reward, stored.terminated, stored.truncated)
-    if not blocked:
-        return tuple(x[rows[:, None], slots] for x in fields)
+    there (`blocked`) the two blocks that hold a window are gathered and its steps picked out of
+    them by a mask (exact: a value plus zeros); a CPU gathers the 3n single steps faster
+    (speed/sr_dqn_sample.py; docs/sr_dqn_minatar.md)."""
+    size = replay.blocks.shape[2] // 3
     n, starts = slots.shape[1], slots[:, 0]
-    blocks = window_blocks(stored, n)  # under a vmap over a chunk's batches: once for them all
-    size = blocks.shape[2] // 3
-    two = blocks[rows[:, None], starts[:, None] // size + jnp.arange(2)]  # (batch, 2, 3 x size)
-    two = two.reshape(len(rows), 2, 3, size).transpose(0, 2, 1, 3).reshape(len(rows), 3, 2 * size)
-    picked = jnp.arange(2 * size) == (starts[:, None] % size + jnp.arange(n))[..., None]
-    reward, terminated, truncated = (  # each (batch, n)
-        jnp.where(picked, two[:, f, None], 0).sum(axis=2) for f in range(3))
+    if blocked:
+        two = replay.blocks[rows[:, None], starts[:, None] // size + jnp.arange(2)]
+        two = two.reshape(len(rows), 2, 3, size).transpose(0, 2, 1, 3)  # (batch, 3, 2, size)
+        two = two.reshape(len(rows), 3, 2 * size)
+        picked = jnp.arange(2 * size) == (starts[:, None] % size + jnp.arange(n))[..., None]
+        reward, terminated, truncated = (  # each (batch, n)
+            jnp.where(picked, two[:, f, None], 0).sum(axis=2) for f in range(3))
+    else:  # slot s of a row is at position s of its blocks
+        reward, terminated, truncated = (
+            replay.blocks[rows[:, None], slots // size, f * size + slots % size] for f in range(3))
     return reward, terminated > 0, truncated > 0
 
 
-def sample_batch(buffer_state, key: jax.Array, n: jax.Array, gamma: jax.Array, batch_size: int,
+def sample_batch(replay: Replay, key: jax.Array, n: jax.Array, gamma: jax.Array, batch_size: int,
                  max_n: int, codec: ObsCodec) -> Batch:
     """A batch of n-step samples (this gradient step's n and gamma) from windows of max_n steps
     drawn uniformly from the buffer, observations unpacked for the network. The windows are
     flashbax's (buffer.sample's, key for key), but only what the target reads is gathered: each
     window's rewards and episode ends, and its observations where its return starts and stops
     (flashbax gathers every field at every step of the window, and a TPU gathers slowly)."""
-    rows, slots = window_indices(buffer_state, key, batch_size, max_n)
-    stored = buffer_state.experience
+    rows, slots = window_indices(replay, key, batch_size, max_n)
     reward, discount, last = jax.vmap(n_step_return, in_axes=(0, 0, 0, None, None))(
-        *window_steps(stored, rows, slots, blocked=jax.default_backend() != "cpu"), n, gamma)
-    first, stop = slots[:, 0], jnp.take_along_axis(slots, last[:, None], axis=1)[:, 0]
-    return Batch(obs=codec.decode(stored.obs[rows, first]), action=stored.action[rows, first],
-                 reward=reward, discount=discount,
-                 next_obs=codec.decode(stored.next_obs[rows, stop]))
+        *window_steps(replay, rows, slots, blocked=jax.default_backend() != "cpu"), n, gamma)
+    row_length = replay.action.shape[0] // replay.blocks.shape[0]
+    first = rows * row_length + slots[:, 0]
+    stop = rows * row_length + jnp.take_along_axis(slots, last[:, None], axis=1)[:, 0]
+    return Batch(obs=codec.decode(replay.obs[first]), action=replay.action[first],
+                 reward=reward, discount=discount, next_obs=codec.decode(replay.next_obs[stop]))
 
 
 def gradient_step(train_state: TrainState, mb: Batch, network: hk.Transformed,
@@ -679,7 +719,8 @@ NETWORK_ARGS = ("env_id", "hidden_sizes", "conv_channels", "conv_style", "layer_
 # a one-device mesh, kept for one.
 RUNNER_SPECS = RunnerState(
     train_state=TrainState(P(), P(), P(), P(), P(), P()),
-    buffer_state=TrajectoryBufferState(experience=P("envs"), current_index=P(), is_full=P()),
+    buffer_state=Replay(obs=P("envs"), next_obs=P("envs"), action=P("envs"), blocks=P("envs"),
+                        index=P(), full=P()),
     env_state=P("envs"), obs=P("envs"), episode_return=P("envs"), episode_length=P("envs"),
     env_steps=P(), key=P())
 

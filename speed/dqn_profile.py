@@ -130,8 +130,11 @@ def built(script, args, env, env_params) -> types.SimpleNamespace:
         return jax.lax.scan(chunk, runner, None, length=b.num_chunks)
 
     def buffer_add(runner):  # each chunk's transitions written into the buffer
-        transitions = jax.tree.map(lambda x: x[:, :b.steps_per_chunk],
-                                   runner.buffer_state.experience)
+        rollout = jax.eval_shape(lambda runner: script.collect_transitions(
+            runner, env, env_params, b.network, b.steps_per_chunk, b.epsilon_at, b.codec,
+            *acting)[1][0], runner)  # (steps, envs, ...): the buffer takes (envs, steps, ...)
+        transitions = jax.tree.map(
+            lambda x: jnp.zeros((x.shape[1], x.shape[0], *x.shape[2:]), x.dtype), rollout)
         def chunk(buffer_state, _):
             return b.buffer.add(buffer_state, transitions), None
         return jax.lax.scan(chunk, runner.buffer_state, None, length=b.num_chunks)[0]
@@ -219,7 +222,7 @@ PARTS = {"dqn_minatar": dqn_parts, "sr_dqn_minatar": sr_dqn_parts}
 
 def no_sample(buffer_state, key, n, gamma, batch_size, max_n, codec) -> sr_dqn_minatar.Batch:
     """sr_dqn_minatar.sample_batch with nothing drawn: a batch of zeros, its discount gamma^n."""
-    packed = jnp.zeros((batch_size, buffer_state.experience.obs.shape[-1]), jnp.uint8)
+    packed = jnp.zeros((batch_size, buffer_state.obs.shape[-1]), jnp.uint8)
     zeros = jnp.zeros(batch_size)
     return sr_dqn_minatar.Batch(obs=codec.decode(packed), action=zeros.astype(jnp.int32),
                                 reward=zeros, discount=zeros + gamma ** n,

@@ -52,19 +52,26 @@ class Args:
     """write the JSON here (it is printed either way)"""
 
 
-def draw(variant: str, buffer_state, key, n, gamma, max_n: int, batch_size: int, codec):
+def full_replay(key, args, codec, obs_shape, num_actions) -> sr.Replay:
+    """A full buffer of random transitions, laid out as the script's (every row written once)."""
+    steps = sr.Transition(*full_buffer(key, args, codec, obs_shape, num_actions).experience)
+    buffer = sr.make_buffer(args)
+    return buffer.add(buffer.init(jax.tree.map(lambda x: x[0, 0], steps)), steps)
+
+
+def draw(variant: str, replay: sr.Replay, key, n, gamma, max_n: int, batch_size: int, codec):
     """One batch's worth of the variant's work, as a pytree to checksum."""
     if variant == "script":
-        return sr.sample_batch(buffer_state, key, n, gamma, batch_size, max_n, codec)
-    rows, slots = sr.window_indices(buffer_state, key, batch_size, max_n)
-    stored = buffer_state.experience
+        return sr.sample_batch(replay, key, n, gamma, batch_size, max_n, codec)
+    rows, slots = sr.window_indices(replay, key, batch_size, max_n)
     if variant == "indices":
         return rows, slots
     if variant == "observations":
-        first, stop = slots[:, 0], slots[:, 3]
-        return (codec.decode(stored.obs[rows, first]), stored.action[rows, first],
-                codec.decode(stored.next_obs[rows, stop]))
-    windows = sr.window_steps(stored, rows, slots, blocked=variant == "windows")
+        row_length = replay.action.shape[0] // replay.blocks.shape[0]
+        first, stop = rows * row_length + slots[:, 0], rows * row_length + slots[:, 3]
+        return (codec.decode(replay.obs[first]), replay.action[first],
+                codec.decode(replay.next_obs[stop]))
+    windows = sr.window_steps(replay, rows, slots, blocked=variant == "windows")
     return jax.vmap(sr.n_step_return, in_axes=(0, 0, 0, None, None))(*windows, n, gamma)
 
 
@@ -86,17 +93,17 @@ def main() -> None:
 
     for seeds in bench.seeds:
         keys = jax.random.split(jax.random.key(args.seed), seeds)
-        states = jax.jit(jax.vmap(lambda k: full_buffer(
+        states = jax.jit(jax.vmap(lambda k: full_replay(
             k, args, codec, obs_shape, env.action_space(env_params).n)))(keys)
         for variant in bench.variants:
             one = functools.partial(draw, variant, max_n=sr.max_n(args),
                                     batch_size=args.batch_size, codec=codec)
 
-            def draws(buffer_state, key, variant=variant, one=one):
+            def draws(replay, key, variant=variant, one=one):
                 def chunk(_, key):  # a chunk's batches at once, each with its n and gamma
                     n, gamma = sr.n_and_gamma(args, jnp.arange(updates_per_chunk))
                     batches = jax.vmap(one, in_axes=(None, 0, 0, 0))(
-                        buffer_state, jax.random.split(key, updates_per_chunk), n, gamma)
+                        replay, jax.random.split(key, updates_per_chunk), n, gamma)
                     return None, checksum(batches)
                 return jax.lax.scan(chunk, None, jax.random.split(key, num_chunks))[1]
 

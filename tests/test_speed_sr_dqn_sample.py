@@ -12,7 +12,6 @@ import sr_dqn_minatar as sr
 from helpers import run_main
 from speed import sr_dqn_sample
 from speed.dqn_profile import script_setup
-from speed.dqn_step_variants import full_buffer
 
 TINY = "--script-args=--num-envs 4 --num-steps 8 --buffer-size 256 --batch-size 8"
 
@@ -32,8 +31,9 @@ def test_it_times_every_variant_for_each_seed_count(tmp_path):
 def test_the_windows_two_forms_draw_the_same_steps():
     # what the table compares must be one draw in two forms: the blocks' and the single steps'
     args, env, env_params, codec = script_setup(sr, TINY.removeprefix("--script-args="))
-    state = full_buffer(jax.random.key(0), args, codec, env.observation_space(env_params).shape,
-                        env.action_space(env_params).n)
+    state = sr_dqn_sample.full_replay(jax.random.key(0), args, codec,
+                                      env.observation_space(env_params).shape,
+                                      env.action_space(env_params).n)
     n, gamma = jnp.asarray(3), jnp.asarray(0.9)
     draw = lambda variant: sr_dqn_sample.draw(  # noqa: E731
         variant, state, jax.random.key(1), n, gamma, 10, args.batch_size, codec)

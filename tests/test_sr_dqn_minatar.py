@@ -1,8 +1,9 @@
 """Tests of sr_dqn_minatar.py's functions against references: BBF's anneal of n and gamma, the
-annealed n-step window, the batches (flashbax's windows, cut to each step's n), the reset (shrink
-and perturb, fresh layers, fresh optimizer), its schedule, the EMA target, AdamW's decay, and the
-network that acts. Its runs: test_sr_dqn_minatar_run.py."""
+annealed n-step window, the replay buffer and its batches (flashbax's rows and windows, cut to each
+step's n), the reset (shrink and perturb, fresh layers, fresh optimizer), its schedule, the EMA
+target, AdamW's decay, and the network that acts. Its runs: test_sr_dqn_minatar_run.py."""
 
+import flashbax as fbx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,6 +53,27 @@ def test_the_annealed_window_uses_its_first_n_steps_and_stops_at_an_episode_end(
         assert int(got[2]) == want[2]
 
 
+def flashbax_buffer(args):
+    """The trajectory buffer whose rows and windows sr_dqn_minatar's replay buffer keeps: the
+    reference its batches are held to."""
+    return fbx.make_trajectory_buffer(
+        add_batch_size=args.num_envs, sample_batch_size=args.batch_size,
+        sample_sequence_length=sr.max_n(args), period=1, min_length_time_axis=sr.max_n(args),
+        max_length_time_axis=args.buffer_size // args.num_envs)
+
+
+def filled(args, num_steps, seed=0, per_add=5):
+    """The script's buffer and flashbax's, each with the same random history added, per_add steps
+    of every row at a time."""
+    history = random_history(sr.Transition, args.num_envs, num_steps, seed=seed)
+    buffers = (sr.make_buffer(args), flashbax_buffer(args))
+    states = [buffer.init(jax.tree.map(lambda x: x[0, 0], history)) for buffer in buffers]
+    for first in range(0, num_steps, per_add):
+        part = jax.tree.map(lambda x: x[:, first:first + per_add], history)
+        states = [buffer.add(state, part) for buffer, state in zip(buffers, states)]
+    return states
+
+
 @pytest.mark.parametrize("backend", ["cpu", "tpu"])  # window_steps' two forms
 @pytest.mark.parametrize("num_steps", [10, 13, 40])  # barely sampleable, part-filled, wrapped
 @pytest.mark.parametrize("n", [3, 10])
@@ -61,14 +83,12 @@ def test_the_batches_are_flashbaxs_windows_cut_to_this_steps_n(num_steps, n, bac
     # and the next_obs of the step it stops at.
     monkeypatch.setattr(sr.jax, "default_backend", lambda: backend)
     args = sr.Args(num_envs=3, buffer_size=48, batch_size=256)
-    buffer = sr.make_buffer(args)
-    history = random_history(sr.Transition, 3, num_steps, seed=num_steps)
-    state = buffer.init(jax.tree.map(lambda x: x[0, 0], history))
-    for first in range(0, num_steps, 5):
-        state = buffer.add(state, jax.tree.map(lambda x: x[:, first:first + 5], history))
+    state, reference = filled(args, num_steps, seed=num_steps)
+    assert bool(sr.make_buffer(args).can_sample(state)) == bool(
+        flashbax_buffer(args).can_sample(reference))
     for seed in range(2):
         key = jax.random.key(seed)
-        windows = jax.device_get(buffer.sample(state, key).experience)
+        windows = jax.device_get(flashbax_buffer(args).sample(reference, key).experience)
         batch = sr.sample_batch(state, key, jnp.asarray(n), jnp.asarray(0.9), args.batch_size,
                                 sr.max_n(args), sr.AS_IS)
         expected = [reference_n_step(*(x[i] for x in windows[2:5]), n, 0.9)
@@ -85,23 +105,35 @@ def test_the_batches_are_flashbaxs_windows_cut_to_this_steps_n(num_steps, n, bac
         assert len(set(np.asarray(batch.obs[:, 0]).tolist())) == 3 * (kept - 9)
 
 
+def test_the_buffer_keeps_flashbaxs_rows_and_write_head_however_the_steps_come():
+    # Added one step at a time or many (a whole row at once, which wraps), the buffer holds each
+    # row's latest steps where flashbax's does, and the same write head.
+    args = sr.Args(num_envs=3, buffer_size=48)
+    for per_add, num_steps in ((1, 21), (7, 35), (16, 40)):
+        state, reference = filled(args, num_steps, seed=per_add, per_add=per_add)
+        assert int(state.index) == int(reference.current_index)
+        assert bool(state.full) == bool(reference.is_full)
+        for field in ("obs", "next_obs", "action"):
+            np.testing.assert_array_equal(getattr(state, field).reshape(3, 16, -1),
+                                          getattr(reference.experience, field).reshape(3, 16, -1))
+
+
 @pytest.mark.parametrize("blocked", [True, False])  # a TPU's form, a CPU's
 @pytest.mark.parametrize("length", [10, 40, 70])  # blocks shorter than a row, and longer
 @pytest.mark.parametrize("n", [1, 3, 10, 33])
 def test_a_windows_steps_are_its_rows_wrapping_around_the_rows_end(n, length, blocked):
     # window_steps reads each window out of two blocks of steps, or step by step; either must give
-    # each step exactly as indexing does, from every start of every row, the windows that wrap
-    # around the row's end included, with the episode ends as booleans.
+    # each step exactly as indexing the rows does, from every start of every row, the windows that
+    # wrap around the row's end included, with the episode ends as booleans, after the rows were
+    # written over more than once.
     if n > length:
         return
-    key = jax.random.key(n)
-    stored = sr.Transition(obs=None, action=None, next_obs=None,
-                           reward=jax.random.normal(key, (3, length)),
-                           terminated=jax.random.bernoulli(key, 0.3, (3, length)),
-                           truncated=jax.random.bernoulli(jax.random.key(length), 0.3, (3, length)))
+    args = sr.Args(num_envs=3, buffer_size=3 * length, n_step_start=n, n_step=1)
+    state, reference = filled(args, 2 * length + 7, seed=length, per_add=length // 3 + 1)
     rows, starts = (jnp.array(a).ravel() for a in np.meshgrid(np.arange(3), np.arange(length)))
     slots = (starts[:, None] + jnp.arange(n)) % length
-    got = sr.window_steps(stored, rows, slots, blocked)
+    got = sr.window_steps(state, rows, slots, blocked)
+    stored = reference.experience
     for got_field, field in zip(got, (stored.reward, stored.terminated, stored.truncated)):
         assert got_field.dtype == field.dtype
         np.testing.assert_array_equal(got_field, field[rows[:, None], slots])

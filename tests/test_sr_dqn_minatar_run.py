@@ -115,5 +115,5 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_run_bit_for_bit(tiny_run, tm
     resumed = run_in_process(tmp_path, "--resume", run_dir)
     assert resumed.returncode == 0, resumed.stderr
     ends = what_a_run_ends_with(run_dir)
-    assert any("buffer_state.experience.obs" in key for key in ends["tensors"])
+    assert any("buffer_state.obs" in key for key in ends["tensors"])
     assert ends == what_a_run_ends_with(tiny_run[1])
