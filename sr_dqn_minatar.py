@@ -1,8 +1,8 @@
 """Scaled-replay DQN: DQN that replays each sample many times and keeps learning by resetting its
-network, for Gymnax's MinAtar games (Breakout by default), in JAX with Haiku, RLax, Optax and
-Flashbax. Its recipe is the model-free part of SR-SPR (D'Oro et al., ICLR 2023) and BBF (Schwarzer
-et al., ICML 2023), for the 1M-step regime: several gradient steps per environment step, periodic
-resets (the layers after the convolution re-initialised, the convolution moved halfway to a fresh
+network, for Gymnax's MinAtar games (Breakout by default), in JAX with Haiku, RLax and Optax. Its
+recipe is the model-free part of SR-SPR (D'Oro et al., ICLR 2023) and BBF (Schwarzer et al., ICML
+2023), for the 1M-step regime: several gradient steps per environment step, periodic resets (the
+layers after the convolution re-initialised, the convolution moved halfway to a fresh
 initialisation, the optimizer's moments reset), n-step returns and a discount annealed after each
 reset, an EMA target network that also acts, and AdamW.
 
@@ -15,8 +15,9 @@ its transitions added to the buffer, then the chunk's gradient steps, then a res
 Read it top to bottom: arguments, network, rollout, buffer, the annealed n-step Double DQN target,
 loss, update, the reset, metrics and the argument checks, then `make_agent`, what the shared run
 loop in utils/training.py trains. dqn_minatar.py is the agent it grew from (one replay ratio, no
-resets, a copied target, Adam, the online network acting, a fixed n and discount); the buffer and
-its batches are written the same way here, so that this file reads alone.
+resets, a copied target, Adam, the online network acting, a fixed n and discount). Its replay
+buffer keeps flashbax's rows and windows but is written here, laid out for a TPU (Replay), and
+the batches are drawn as dqn_minatar.py draws them, so that this file reads alone.
 
 Run:  python sr_dqn_minatar.py --total-timesteps 1000000
 Docs: docs/sr_dqn_minatar.md
