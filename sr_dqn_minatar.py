@@ -200,8 +200,8 @@ class Replay(NamedTuple):
     consecutive steps per environment, written and overwritten as flashbax's trajectory buffer
     writes its rows (one slot of every row per step), but laid out as a TPU reads it fastest:
     there a buffer written in flashbax's (envs, time, ...) fields and then gathered from is copied
-    whole into another layout every chunk, and windows of steps gather slowly one step at a time
-    (speed/sr_dqn_sample.py; docs/sr_dqn_minatar.md)."""
+    whole into another layout every chunk (speed/trace_step.py), and windows of steps gather
+    slowly one step at a time (speed/sr_dqn_sample.py; docs/sr_dqn_minatar.md)."""
     obs: jax.Array  # (envs * length, ...) o_t as ObsCodec.encode stores it, at env * length + slot
     next_obs: jax.Array  # (envs * length, ...) o_{t+1}, likewise
     action: jax.Array  # (envs * length,) a_t, likewise
@@ -329,7 +329,7 @@ def make_buffer(args: Args) -> ReplayBuffer:
     num_envs, length = args.num_envs, args.buffer_size // args.num_envs
     size = block_size(max_n(args))
     num_blocks = length // size + 2  # the last window's second block lies past the row's end
-    repeats = -(-num_blocks * size // length)  # the positions each slot has, the last may not be
+    repeats = -(-num_blocks * size // length)  # copies of a slot in the blocks (past them: dropped)
 
     def init(one: Transition) -> Replay:
         rows = lambda x: jnp.zeros((num_envs * length, *x.shape), x.dtype)  # noqa: E731
