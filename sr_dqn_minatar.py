@@ -198,10 +198,10 @@ def grid_codec(shape: tuple[int, ...]) -> ObsCodec:
 class Replay(NamedTuple):
     """The replay buffer: the last buffer_size // num_envs steps of each environment, a row of
     consecutive steps per environment, written and overwritten as flashbax's trajectory buffer
-    writes its rows (one slot of every row per step), but laid out as a TPU reads it fastest:
-    there a buffer written in flashbax's (envs, time, ...) fields and then gathered from is copied
-    whole into another layout every chunk (speed/trace_step.py), and windows of steps gather
-    slowly one step at a time (speed/sr_dqn_sample.py; docs/sr_dqn_minatar.md)."""
+    writes its rows (one slot of every row per step), but laid out for a TPU: there a buffer
+    written in flashbax's (envs, time, ...) fields and then gathered from is copied whole into
+    another layout every chunk (speed/trace_step.py), and windows of steps gather slowly one step
+    at a time (speed/sr_dqn_sample.py; docs/sr_dqn_minatar.md)."""
     obs: jax.Array  # (envs * length, ...) o_t as ObsCodec.encode stores it, at env * length + slot
     next_obs: jax.Array  # (envs * length, ...) o_{t+1}, likewise
     action: jax.Array  # (envs * length,) a_t, likewise
@@ -323,9 +323,10 @@ def make_buffer(args: Args) -> ReplayBuffer:
     write head (window_indices: flashbax's trajectory buffer's rule, >= 0.1.3, PR #50). The
     windows thus never mix environments; episode ends inside a window are n_step_return's to cut.
     A row's rewards and episode ends are kept in blocks of block_size steps, each field's steps
-    side by side in a block (a TPU pads an array's last axis to 128), a window read from the two
-    blocks that hold it (window_steps). Position p of a row's blocks holds its slot p % length:
-    the slots at the row's start repeat after its end, so that a window that wraps reads on."""
+    side by side in a block (a TPU pads an array's last axis to 128: a last axis of the three
+    fields would take 42 times their memory), a window read from the two blocks that hold it
+    (window_steps). Position p of a row's blocks holds its slot p % length: the slots at the
+    row's start repeat after its end, so that a window that wraps reads on."""
     num_envs, length = args.num_envs, args.buffer_size // args.num_envs
     size = block_size(max_n(args))
     num_blocks = length // size + 2  # the last window's second block lies past the row's end
@@ -487,10 +488,11 @@ def window_steps(replay: Replay, rows: jax.Array, slots: jax.Array, blocked: boo
 def sample_batch(replay: Replay, key: jax.Array, n: jax.Array, gamma: jax.Array, batch_size: int,
                  max_n: int, codec: ObsCodec) -> Batch:
     """A batch of n-step samples (this gradient step's n and gamma) from windows of max_n steps
-    drawn uniformly from the buffer, observations unpacked for the network. The windows are
-    flashbax's (buffer.sample's, key for key), but only what the target reads is gathered: each
-    window's rewards and episode ends, and its observations where its return starts and stops
-    (flashbax gathers every field at every step of the window, and a TPU gathers slowly)."""
+    drawn uniformly from the buffer, observations unpacked for the network. The windows are those
+    of flashbax's trajectory buffer's `sample`, key for key, but only what the target reads is
+    gathered: each window's rewards and episode ends, and its observations where its return starts
+    and stops (flashbax gathers every field at every step of the window, and a TPU gathers
+    slowly)."""
     rows, slots = window_indices(replay, key, batch_size, max_n)
     reward, discount, last = jax.vmap(n_step_return, in_axes=(0, 0, 0, None, None))(
         *window_steps(replay, rows, slots, blocked=jax.default_backend() != "cpu"), n, gamma)
