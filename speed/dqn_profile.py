@@ -80,6 +80,16 @@ def checksum(tree) -> jax.Array:
     return sum(jnp.sum(jnp.asarray(x, jnp.float32)) for x in jax.tree.leaves(tree))
 
 
+def past_warm_up(init, update_step, args):
+    """One seed's state past the warm-up, its buffer part-filled: what most of a run's iterations
+    start from."""
+    step = jax.jit(update_step, donate_argnums=0)
+    state = jax.jit(init)(jax.random.key(args.seed))
+    while int(state.env_steps) < 2 * args.learning_starts:
+        state, _ = step(state)
+    return state
+
+
 def script_setup(script, script_args: str) -> tuple:
     """The script's args (its flags as one string, one device), environment and its parameters,
     and observation codec."""
@@ -260,11 +270,7 @@ def main() -> None:
     script = {"dqn_minatar": dqn_minatar, "sr_dqn_minatar": sr_dqn_minatar}[bench.script]
     args, env, env_params, _ = script_setup(script, bench.script_args)
     init, update_step, programs = PARTS[bench.script](args, env, env_params)
-    # A state past the warm-up, its buffer part-filled: what most of a run's iterations start from.
-    step = jax.jit(update_step, donate_argnums=0)
-    state = jax.jit(init)(jax.random.key(args.seed))
-    while int(state.env_steps) < 2 * args.learning_starts:
-        state, _ = step(state)
+    state = past_warm_up(init, update_step, args)
     rows = []
     write = report_writer(bench, rows, script=bench.script,
                           steps_per_iteration=args.steps_per_iteration,

@@ -16,10 +16,8 @@ import collections
 import dataclasses
 import os
 import re
-import statistics
 import sys
 import tempfile
-import time
 from typing import Literal
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -30,7 +28,7 @@ import tyro  # noqa: E402
 
 import dqn_minatar  # noqa: E402
 import sr_dqn_minatar  # noqa: E402
-from speed.dqn_profile import PARTS, report_writer, script_setup  # noqa: E402
+from speed.dqn_profile import PARTS, past_warm_up, report_writer, script_setup, timed  # noqa: E402
 from tools import common  # noqa: E402
 
 CONTROL = ("while", "conditional", "call")  # ops whose time is that of the ops they run
@@ -84,18 +82,10 @@ def main() -> None:
     script = {"dqn_minatar": dqn_minatar, "sr_dqn_minatar": sr_dqn_minatar}[bench.script]
     args, env, env_params, _ = script_setup(script, bench.script_args)
     init, update_step, _ = PARTS[bench.script](args, env, env_params)
-    step = jax.jit(update_step, donate_argnums=0)
-    state = jax.jit(init)(jax.random.key(args.seed))
-    while int(state.env_steps) < 2 * args.learning_starts:  # past the warm-up, as the profile's
-        state, _ = step(state)
+    state = past_warm_up(init, update_step, args)
     states = jax.tree.map(lambda x: jnp.broadcast_to(x, (bench.seeds, *x.shape)), state)
     compiled = jax.jit(jax.vmap(update_step)).lower(states).compile()
-    jax.block_until_ready(compiled(states))
-    seconds = []
-    for _ in range(bench.repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(compiled(states))
-        seconds.append(time.perf_counter() - start)
+    seconds = timed(compiled, states, repeats=bench.repeats)
     with tempfile.TemporaryDirectory() as folder:
         jax.profiler.start_trace(folder)
         jax.block_until_ready(compiled(states))
@@ -108,7 +98,7 @@ def main() -> None:
     report_writer(bench, rows, script=bench.script, seeds=bench.seeds,
                   interleaving=dict(zip(("chunks", "steps_per_chunk", "updates_per_chunk"),
                                         script.interleaving(args))),
-                  step_ms=1e3 * statistics.median(seconds), traced_device_ms=device_ms)(echo=True)
+                  step_ms=1e3 * seconds, traced_device_ms=device_ms)(echo=True)
 
 
 if __name__ == "__main__":
