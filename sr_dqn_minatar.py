@@ -312,6 +312,11 @@ class ReplayBuffer(NamedTuple):
     can_sample: Callable
 
 
+def row_length(replay: Replay) -> int:
+    """The steps each environment's row of the buffer holds."""
+    return replay.action.shape[0] // replay.blocks.shape[0]
+
+
 def block_size(max_n: int) -> int:
     """Steps in a block of Replay.blocks: the multiple of 32 that holds the longest window."""
     return 32 * -(-max_n // 32)
@@ -451,16 +456,15 @@ def window_indices(replay: Replay, key: jax.Array, batch_size: int, n: int
     trajectory buffer draws them (its `sample`, with period 1): a start uniformly among those whose
     window lies wholly between the oldest step kept and the write head, and a row uniformly. The
     row of each window, (batch_size,), and its steps' slots in the row, (batch_size, n)."""
-    num_rows = replay.blocks.shape[0]
-    row_length = replay.action.shape[0] // num_rows
-    filled = jnp.where(replay.full, row_length, replay.index)
+    num_rows, length = replay.blocks.shape[0], row_length(replay)
+    filled = jnp.where(replay.full, length, replay.index)
     oldest = jnp.where(replay.full, replay.index, 0)
     num_starts = jnp.maximum(filled - n + 1, 0)
     key, start_key = jax.random.split(key)
     _, row_key = jax.random.split(key)
-    start = (oldest + jax.random.randint(start_key, (batch_size,), 0, num_starts)) % row_length
+    start = (oldest + jax.random.randint(start_key, (batch_size,), 0, num_starts)) % length
     rows = jax.random.randint(row_key, (batch_size,), 0, num_rows)
-    return rows, (start[:, None] + jnp.arange(n)) % row_length
+    return rows, (start[:, None] + jnp.arange(n)) % length
 
 
 def window_steps(replay: Replay, rows: jax.Array, slots: jax.Array, blocked: bool
@@ -496,9 +500,8 @@ def sample_batch(replay: Replay, key: jax.Array, n: jax.Array, gamma: jax.Array,
     rows, slots = window_indices(replay, key, batch_size, max_n)
     reward, discount, last = jax.vmap(n_step_return, in_axes=(0, 0, 0, None, None))(
         *window_steps(replay, rows, slots, blocked=jax.default_backend() != "cpu"), n, gamma)
-    row_length = replay.action.shape[0] // replay.blocks.shape[0]
-    first = rows * row_length + slots[:, 0]
-    stop = rows * row_length + jnp.take_along_axis(slots, last[:, None], axis=1)[:, 0]
+    first = rows * row_length(replay) + slots[:, 0]
+    stop = rows * row_length(replay) + jnp.take_along_axis(slots, last[:, None], axis=1)[:, 0]
     return Batch(obs=codec.decode(replay.obs[first]), action=replay.action[first],
                  reward=reward, discount=discount, next_obs=codec.decode(replay.next_obs[stop]))
 

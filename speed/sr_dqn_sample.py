@@ -67,8 +67,8 @@ def draw(variant: str, replay: sr.Replay, key, n, gamma, max_n: int, batch_size:
     if variant == "indices":
         return rows, slots
     if variant == "observations":
-        row_length = replay.action.shape[0] // replay.blocks.shape[0]
-        first, stop = rows * row_length + slots[:, 0], rows * row_length + slots[:, 3]
+        length = sr.row_length(replay)
+        first, stop = rows * length + slots[:, 0], rows * length + slots[:, 3]
         return (codec.decode(replay.obs[first]), replay.action[first],
                 codec.decode(replay.next_obs[stop]))
     windows = sr.window_steps(replay, rows, slots, blocked=variant == "windows")
