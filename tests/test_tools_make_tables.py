@@ -304,6 +304,22 @@ def test_a_rows_tables_row_may_read_its_own_file_and_list(monkeypatch):
         "| the harness, 8 | 90 |"]
 
 
+def test_a_rows_tables_row_may_give_its_own_cells(monkeypatch):
+    # An older report lacks a nested field (timing[checkpoint_seconds]) that a later one holds.
+    files = {"old.json": {"machine": "M", "command": "c", "timing": {"train_seconds": 9.0}},
+             "new.json": {"timing": {"train_seconds": 5.0, "checkpoint_seconds": 1.0}}}
+    monkeypatch.setattr(make_tables, "load", lambda path: files[path])
+    table = {"id": "t", "kind": "rows", "file": "old.json", "preamble": "On {machine}.",
+             "head": "| run | training | checkpoints |", "rule": "|---|---:|---:|",
+             "cells": ["{label}", "{timing[train_seconds]:.0f}",
+                       "{timing[checkpoint_seconds]:.0f}"],
+             "rows": [{"list": "", "label": "old",
+                       "cells": ["{label}", "{timing[train_seconds]:.0f}", "not recorded"]},
+                      {"file": "new.json", "list": "", "label": "new"}]}
+    assert make_tables.rows_table(table).splitlines()[4:] == [
+        "| old | 9 | not recorded |", "| new | 5 | 1 |"]
+
+
 def test_a_row_reads_the_policy_it_names(monkeypatch):
     # The harness's --both-policies records the other policy beside the headline; a script run's
     # rows hold both. A row may read either; a file without that policy is refused.

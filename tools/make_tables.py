@@ -542,7 +542,7 @@ def rows_table(table: dict) -> str:
     fields equal the table row's `match`, its cells formatted from that row's fields and the table
     row's own (a field neither has: "–"); the preamble from the report's fields. A table row may
     name its own `file`, and the `list` of that report to look in ("": the report itself is the
-    one row)."""
+    one row), and its own `cells` (where its report lacks a nested field the others have)."""
     report = load(table["file"])
     lines = [table["preamble"].format(**shown(report)), "", table["head"], table["rule"]]
     for row in table["rows"]:
@@ -551,7 +551,8 @@ def rows_table(table: dict) -> str:
         (found,) = [r for r in (source[listed] if listed else [source])
                     if all(r[k] == v for k, v in row.get("match", {}).items())]
         fields = collections.defaultdict(Dash, {**found, **row})
-        lines.append("| " + " | ".join(c.format_map(fields) for c in table["cells"]) + " |")
+        cells = row.get("cells", table["cells"])
+        lines.append("| " + " | ".join(c.format_map(fields) for c in cells) + " |")
     return "\n".join(lines)
 
 
