@@ -133,6 +133,32 @@ def test_collect_makes_the_rows_of_finished_runs_and_their_commands(tmp_path, ti
     assert not (tmp_path / "no.json").exists()
 
 
+def test_scalars_keeps_every_logged_point_of_the_tags_asked_and_refuses_others(tmp_path, tiny_run):
+    # A figure drawn later (the loss around an SR-DQN reset) reads these points from the JSON.
+    import json
+
+    from tests.helpers import read_scalars
+
+    _, run_dir = tiny_run
+    logged = read_scalars(run_dir)
+    out = tmp_path / "with_scalars.json"
+    result = run_table(tmp_path, "--collect", run_dir, "--scalars", "losses/value_loss",
+                       "charts/SPS", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    assert set(row["scalars"]) == {"losses/value_loss", "charts/SPS"}
+    for tag, kept in row["scalars"].items():
+        assert len(kept["steps"]) >= 2
+        assert list(zip(kept["steps"], kept["values"])) == logged[tag]
+    # A tag the run never logged: one line naming it, and no file.
+    refused = run_table(tmp_path, "--collect", run_dir, "--scalars", "losses/no_such",
+                        "--out", str(tmp_path / "no.json"))
+    assert refused.returncode != 0
+    (line,) = refused.stderr.strip().splitlines()
+    assert line.startswith("error: --scalars losses/no_such:") and "losses/value_loss" in line
+    assert not (tmp_path / "no.json").exists()
+
+
 def test_a_load_model_run_makes_a_row_without_training_speed(tmp_path, tiny_run):
     # A --load-model run trains nothing: its summary has no SPS and its row says so (None), where
     # the table used to end in a KeyError.

@@ -7,7 +7,8 @@ and the pictures all count), its peak memory read from the OS, and its summary.j
 evaluation columns are both protocols the script reports: gymnax's (no sticky actions) and MinAtar's
 (sticky actions with probability 0.1). `--out` keeps the rows as JSON; `--from-json` prints the
 table again from such a file without running anything; `--collect` makes the rows from finished run
-directories of the script (runs started by hand) instead of running it.
+directories of the script (runs started by hand) instead of running it; `--scalars` keeps every
+logged point of the scalars named, for a figure.
 
 Run:  python tools/results_table.py --seeds 1 2 3 4 5 --num-devices 2 --out results.json
       python tools/results_table.py --script-args="--update-epochs 3"   # other settings
@@ -58,6 +59,9 @@ class Args:
     """make the rows from these finished run directories of --script instead of running it: their
     summary.json, event log and model; the wall seconds are the script's own (from its start), the
     peak memory is not known"""
+    scalars: tuple[str, ...] = ()
+    """more of each run's logged scalars to keep, every point (e.g. losses/q_values charts/resets):
+    a row's `scalars` maps each tag to its steps and values, so a figure can be drawn later"""
 
 
 def learning_curve(run_dir: str, started: float, max_points: int = 250) -> dict:
@@ -92,10 +96,24 @@ def eval_curve(run_dir: str) -> dict | None:
             **{name: [point.value for point in points] for name, points in curve.items()}}
 
 
+def logged_scalars(run_dir: str, tags: tuple[str, ...]) -> dict:
+    """Every logged point of each tag in the run's TensorBoard log: {tag: {steps, values}}. A tag
+    the run did not log is refused with the ones it did."""
+    events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
+    events.Reload()
+    logged = events.Tags()["scalars"]
+    missing = [tag for tag in tags if tag not in logged]
+    if missing:
+        common.fail(f"--scalars {missing[0]}: {run_dir} logged no such scalar; it logged "
+                    f"{', '.join(sorted(logged))}")
+    return {tag: {"steps": [p.step for p in events.Scalars(tag)],
+                  "values": [p.value for p in events.Scalars(tag)]} for tag in tags}
+
+
 def row_of(summary: dict, run_dir: str, wall_seconds: float, peak_gb: float | None,
-           started: float) -> dict:
+           started: float, scalars: tuple[str, ...] = ()) -> dict:
     """A seed's row: its evaluation, times, curve, arguments and model digest (and the
-    evaluations during training, with --eval-every)."""
+    evaluations during training, with --eval-every; the --scalars asked for)."""
     row = {"seed": summary["seed"], "policy": summary["policy"], "eval": summary["eval"],
            "wall_seconds": wall_seconds,  # a --load-model run trains nothing: it has no SPS
            "compile_seconds": summary["compile_seconds"], "sps": summary.get("sps"),
@@ -105,6 +123,8 @@ def row_of(summary: dict, run_dir: str, wall_seconds: float, peak_gb: float | No
            "machine": summary.get("machine"),  # None likewise
            # the environment the run needed to compute what it did (utils.cli.env_vars)
            **({"env_vars": summary["env_vars"]} if "env_vars" in summary else {})}
+    if scalars:
+        row["scalars"] = logged_scalars(run_dir, scalars)
     return row | ({"eval_curve": eval_curve(run_dir)} if summary["args"].get("eval_every") else {})
 
 
@@ -129,7 +149,7 @@ def machine_of(rows: list[dict]) -> str:
     return common.machine()
 
 
-def collected_row(run_dir: str) -> dict:
+def collected_row(run_dir: str, scalars: tuple[str, ...] = ()) -> dict:
     """The row of a finished run directory. Its process started wall_seconds before summary.json
     was written, the run's last act."""
     path = os.path.join(run_dir, "summary.json")
@@ -140,7 +160,8 @@ def collected_row(run_dir: str) -> dict:
               f"{summary.get('status')!r})", file=sys.stderr)
         sys.exit(2)
     started = os.path.getmtime(path) - summary["wall_seconds"]
-    return row_of(summary, os.path.relpath(run_dir), summary["wall_seconds"], None, started)
+    return row_of(summary, os.path.relpath(run_dir), summary["wall_seconds"], None, started,
+                  scalars)
 
 
 def model_digest(run_dir: str) -> str | None:
@@ -213,7 +234,7 @@ def main() -> None:
     if error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    rows = [collected_row(run_dir) for run_dir in args.collect]
+    rows = [collected_row(run_dir, args.scalars) for run_dir in args.collect]
     for seed in () if args.collect else args.seeds:
         flags = ["--seed", str(seed), "--total-timesteps", str(args.total_timesteps),
                  "--num-devices", str(args.num_devices), "--exp-name", args.exp_name, *script_args]
@@ -225,7 +246,8 @@ def main() -> None:
             sys.exit(run.returncode)
         summary, summary_path = common.read_summary(run.stdout)
         run_dir = os.path.relpath(os.path.dirname(summary_path))
-        rows.append(row_of(summary, run_dir, run.wall_seconds, run.peak_rss_mb / 2**10, started))
+        rows.append(row_of(summary, run_dir, run.wall_seconds, run.peak_rss_mb / 2**10, started,
+                           args.scalars))
         policy = summary["policy"]  # the script's headline policy
         print(f"seed {seed}: {policy} {summary['eval'][policy]['mean']:.2f}, "
               f"wall {run.wall_seconds:.1f}s", file=sys.stderr)
