@@ -1,6 +1,7 @@
 """The docs' figures from the committed JSON in results/ (tools/make_tables.py
 calls main() after the tables): the search and its confirmation (docs/tuning.md), Breakout at 20M
-steps (docs/ppo_breakout.md), the ratio in training (docs/loss_stability.md)."""
+steps (docs/ppo_breakout.md), the ratio in training (docs/loss_stability.md), SR-DQN's resets
+(docs/sr_dqn_minatar.md)."""
 
 import os
 
@@ -157,8 +158,49 @@ def ratio_figure() -> None:
     plt.close(fig)
 
 
+SR_DQN_RESETS = (("sr_dqn_minatar/cpu/resets__defaults__Breakout__400000__seed1.json",
+                  "resets every 40,000 gradient steps (the defaults)", "C3"),
+                 ("sr_dqn_minatar/cpu/resets__no_resets__Breakout__400000__seed1.json",
+                  "no resets (--reset-period 0)", "C0"))
+
+
+def sr_dqn_resets_figure() -> None:
+    """docs/figures/sr_dqn_minatar/resets.png: one seed with and without resets, what it logged
+    each iteration (training return, mean Q-value, TD loss), the resets marked."""
+    plt = _pyplot()
+    panels = (("charts/episodic_return", "training return (ε-greedy, target network acting)"),
+              ("losses/q_values", "mean Q-value of the batches"),
+              ("losses/td_loss", "TD loss"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(15, 4.2))
+    for path, label, color in SR_DQN_RESETS:
+        (row,) = load(path)["rows"]
+        label = f"{label}; greedy evaluation {row['eval']['greedy']['mean']:.1f}"
+        for ax, (tag, _) in zip(axes, panels):
+            points = row["scalars"][tag]
+            ax.plot(points["steps"], points["values"], color=color, lw=1.2, label=label)
+        resets = row["scalars"]["charts/resets"]
+        marks = [step for step, before, after in zip(resets["steps"][1:], resets["values"],
+                                                     resets["values"][1:]) if after > before]
+        for ax in axes:
+            for step in marks:  # the iteration that held a reset
+                ax.axvline(step, color=color, lw=0.6, alpha=0.35)
+    for ax, (_, ylabel) in zip(axes, panels):
+        ax.set(xlabel="environment steps", ylabel=ylabel)
+        ax.xaxis.set_major_formatter(lambda x, _: f"{x / 1000:g}k")
+    axes[2].set_yscale("log")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=9)
+    fig.suptitle("sr_dqn_minatar.py on Breakout, seed 1, on a CPU: thin lines mark the iterations "
+                 "that held a reset")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))  # room for the legend below
+    os.makedirs(os.path.join(ROOT, "docs", "figures", "sr_dqn_minatar"), exist_ok=True)
+    fig.savefig(os.path.join(ROOT, "docs", "figures", "sr_dqn_minatar", "resets.png"), dpi=80)
+    plt.close(fig)
+
+
 def main() -> None:
     search_figure()
     confirmation_figure()
     breakout_budgets_figure()
     ratio_figure()
+    sr_dqn_resets_figure()
