@@ -40,15 +40,22 @@ def test_collect_makes_the_rows_of_finished_runs_and_their_commands(tmp_path, ti
     import hashlib
     import json
 
-    from tests.helpers import read_summary
+    from tests.helpers import read_scalars, read_summary
     from tools import make_tables
 
     _, run_dir = tiny_run
     out = tmp_path / "collected.json"
-    result = run_table(tmp_path, "--collect", run_dir, "--out", str(out))
+    result = run_table(tmp_path, "--collect", run_dir, "--scalars", "losses/value_loss",
+                       "charts/SPS", "--out", str(out))
     assert result.returncode == 0, result.stderr
     (row,) = json.loads(out.read_text())["rows"]
     summary = read_summary(run_dir)
+    # --scalars: every logged point of the tags named (a figure drawn later reads them).
+    logged = read_scalars(run_dir)
+    assert set(row["scalars"]) == {"losses/value_loss", "charts/SPS"}
+    for tag, kept in row["scalars"].items():
+        assert len(kept["steps"]) >= 2
+        assert list(zip(kept["steps"], kept["values"])) == logged[tag]
     assert (row["seed"], row["eval"], row["args"]) == (3, summary["eval"], summary["args"])
     with open(os.path.join(run_dir, "model.safetensors"), "rb") as f:
         assert row["model_sha256"] == hashlib.sha256(f.read()).hexdigest()
@@ -133,30 +140,15 @@ def test_collect_makes_the_rows_of_finished_runs_and_their_commands(tmp_path, ti
     assert not (tmp_path / "no.json").exists()
 
 
-def test_scalars_keeps_every_logged_point_of_the_tags_asked_and_refuses_others(tmp_path, tiny_run):
-    # A figure drawn later (the loss around an SR-DQN reset) reads these points from the JSON.
-    import json
-
-    from tests.helpers import read_scalars
+def test_scalars_refuses_a_tag_the_run_did_not_log(tiny_run, capsys):
+    from tools import results_table
 
     _, run_dir = tiny_run
-    logged = read_scalars(run_dir)
-    out = tmp_path / "with_scalars.json"
-    result = run_table(tmp_path, "--collect", run_dir, "--scalars", "losses/value_loss",
-                       "charts/SPS", "--out", str(out))
-    assert result.returncode == 0, result.stderr
-    (row,) = json.loads(out.read_text())["rows"]
-    assert set(row["scalars"]) == {"losses/value_loss", "charts/SPS"}
-    for tag, kept in row["scalars"].items():
-        assert len(kept["steps"]) >= 2
-        assert list(zip(kept["steps"], kept["values"])) == logged[tag]
-    # A tag the run never logged: one line naming it, and no file.
-    refused = run_table(tmp_path, "--collect", run_dir, "--scalars", "losses/no_such",
-                        "--out", str(tmp_path / "no.json"))
-    assert refused.returncode != 0
-    (line,) = refused.stderr.strip().splitlines()
+    with pytest.raises(SystemExit) as stopped:
+        results_table.logged_scalars(run_dir, ("losses/value_loss", "losses/no_such"))
+    assert stopped.value.code != 0
+    (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("error: --scalars losses/no_such:") and "losses/value_loss" in line
-    assert not (tmp_path / "no.json").exists()
 
 
 def test_a_load_model_run_makes_a_row_without_training_speed(tmp_path, tiny_run):
