@@ -106,8 +106,9 @@ def logged_scalars(run_dir: str, tags: tuple[str, ...]) -> dict:
     if missing:
         common.fail(f"--scalars {missing[0]}: {run_dir} logged no such scalar; it logged "
                     f"{', '.join(sorted(logged))}")
-    return {tag: {"steps": [p.step for p in events.Scalars(tag)],
-                  "values": [p.value for p in events.Scalars(tag)]} for tag in tags}
+    points = {tag: events.Scalars(tag) for tag in tags}
+    return {tag: {"steps": [p.step for p in kept], "values": [p.value for p in kept]}
+            for tag, kept in points.items()}
 
 
 def row_of(summary: dict, run_dir: str, wall_seconds: float, peak_gb: float | None,
