@@ -19,6 +19,10 @@ BREAKOUT_BUDGETS = ("ppo_breakout/games/conv8__Breakout__10000000.json",
 RATIO_SETTINGS = [("defaults", "defaults"), ("ent_coef_0", "no entropy bonus"),
                   ("learning_rate_0.02", "learning rate 0.02 (4x)"),
                   ("total_timesteps_5M", "5M steps (5x)")]
+SR_DQN_RESETS = (("sr_dqn_minatar/cpu/resets__defaults__Breakout__400000__seed1.json",
+                  "resets every 40,000 gradient steps (the defaults)", "C3"),
+                 ("sr_dqn_minatar/cpu/resets__no_resets__Breakout__400000__seed1.json",
+                  "no resets (--reset-period 0)", "C0"))
 
 
 def _pyplot():
@@ -156,12 +160,6 @@ def ratio_figure() -> None:
     fig.savefig(os.path.join(ROOT, "docs", "figures", "loss_stability", "ratio_in_training.png"),
                 dpi=80)
     plt.close(fig)
-
-
-SR_DQN_RESETS = (("sr_dqn_minatar/cpu/resets__defaults__Breakout__400000__seed1.json",
-                  "resets every 40,000 gradient steps (the defaults)", "C3"),
-                 ("sr_dqn_minatar/cpu/resets__no_resets__Breakout__400000__seed1.json",
-                  "no resets (--reset-period 0)", "C0"))
 
 
 def sr_dqn_resets_figure() -> None:
