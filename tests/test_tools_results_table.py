@@ -3,20 +3,16 @@ status 2."""
 
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-from tools import common
-
-TABLE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
-                     "results_table.py")
+from helpers import run_main
+from tools import common, results_table
 
 
 def run_table(tmp_path, *flags):
-    return subprocess.run([sys.executable, TABLE, *flags], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=300)
+    """`python tools/results_table.py FLAGS` run in tmp_path, in this process (helpers.run_main)."""
+    return run_main(results_table, tmp_path, *flags, timeout=300)
 
 
 
