@@ -17,6 +17,7 @@ import ppo_breakout as ppo
 import pqn_minatar as pqn
 from helpers import Finished, run_main
 from tools import stats, tune
+from utils import checkpoint
 
 TUNE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools",
                     "tune.py")
@@ -296,6 +297,8 @@ def test_harness_writes_its_statistics_and_compares_with_a_baseline(tmp_path, wh
     assert len(result["pooled_curve"]["return"]) == 4
     assert result["timing"]["peak_memory_gb"] > 0 and "CPU family" in result["timing"]["machine"]
     assert "env_vars" not in result  # the scripts' own precision: nothing to set
+    # The code that ran, as the digest of the harness and the script the checkpoints hold.
+    assert result["code"] == checkpoint.code_version(tune.__file__, ppo.__file__)
     # Where the set-up went, program by program, as its lines said while it ran.
     parts = result["timing"]["compile_parts"]
     assert list(parts) == ["init", "train", "evaluate"]

@@ -18,7 +18,9 @@ other one too.
 Output (stdout, and --out): JSON with the per-seed returns, their mean and interquartile mean (IQM)
 with 95% bootstrap intervals, the share of seeds past the first wall (return >= 30), the pooled
 learning curve with a band, and with --baseline the comparison against an earlier result on the same
-seeds (differences with intervals, probability of improvement). See tools/stats.py.
+seeds (differences with intervals, probability of improvement). See tools/stats.py. Its `code` is
+a digest of the harness and the script that ran (utils.checkpoint.code_version): the same at a
+commit whose two files and utils/ are the same.
 
 With --checkpoint-dir, the training state is written there after every chunk; a run killed midway
 resumes from its last chunk when the same command runs again, and ends with the same result, bit for
@@ -608,6 +610,9 @@ def result_json(cfg, seeds: list[int], result: SeedsResult, eval_episodes: int,
         "command": command,
         **cli.env_vars(),  # an environment the command needs to run the same products
         "script": name_of(script),
+        # which code ran: the digest a checkpoint of this run holds (checkpoint_identity), that
+        # utils.checkpoint.code_version gives at any commit for the harness and this script
+        "code": checkpoint.code_version(__file__, script.__file__),
         "policy": script.HEADLINE_POLICY,
         "changed_args": changed_args(cfg),
         "args": {k: v for k, v in vars(cfg).items()
