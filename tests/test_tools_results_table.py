@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from helpers import run_main
+from helpers import read_scalars, read_summary, run_main
 from tools import common, results_table
 
 
@@ -36,7 +36,6 @@ def test_collect_makes_the_rows_of_finished_runs_and_their_commands(tmp_path, ti
     import hashlib
     import json
 
-    from tests.helpers import read_scalars, read_summary
     from tools import make_tables
 
     _, run_dir = tiny_run
@@ -137,8 +136,6 @@ def test_collect_makes_the_rows_of_finished_runs_and_their_commands(tmp_path, ti
 
 
 def test_scalars_refuses_a_tag_the_run_did_not_log(tiny_run, capsys):
-    from tools import results_table
-
     _, run_dir = tiny_run
     with pytest.raises(SystemExit) as stopped:
         results_table.logged_scalars(run_dir, ("losses/value_loss", "losses/no_such"))
